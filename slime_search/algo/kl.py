@@ -1,0 +1,35 @@
+"""KL estimators (Schulman, "Approximating KL divergence") and entropy from logits."""
+
+from __future__ import annotations
+
+import torch
+
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+
+
+def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi.
+
+    With log_ratio = logp - logp_ref:
+      k1 = log_ratio                         unbiased, high variance, can be negative
+      k2 = log_ratio**2 / 2                  biased, low variance
+      k3 = exp(-log_ratio) - 1 + log_ratio   unbiased, >= 0 ("low_var_kl"), clamped to [-10, 10]
+    The clamp keeps one token with a collapsed reference probability from dominating the loss.
+    """
+    if log_probs.shape != ref_log_probs.shape:
+        raise ValueError(f"shapes differ: {tuple(log_probs.shape)} vs {tuple(ref_log_probs.shape)}")
+    log_ratio = log_probs.float() - ref_log_probs.float()
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return log_ratio.square() / 2.0
+    if kind in ("k3", "low_var_kl"):
+        return torch.clamp(torch.exp(-log_ratio) - 1.0 + log_ratio, min=-10.0, max=10.0)
+    raise ValueError(f"unknown KL estimator {kind!r}; valid: {', '.join(KL_ESTIMATORS)}")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """H = logsumexp(z) - sum(softmax(z) * z), over the last dimension."""
+    logits = logits.float()
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)

@@ -1,0 +1,53 @@
+"""PPO clipped policy-gradient loss with asymmetric clipping (clip-higher) and optional dual clip."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class PolicyLossOutput(NamedTuple):
+    loss: torch.Tensor  # per token, to be reduced with a mask
+    clipped: torch.Tensor  # per token: 1.0 where the clipped surrogate was the active (larger) loss
+    dual_clipped: torch.Tensor  # per token: 1.0 where the dual-clip bound was active (A < 0 only)
+
+
+def policy_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_clip: float,
+    eps_clip_high: float | None = None,
+    eps_clip_c: float | None = None,
+) -> PolicyLossOutput:
+    """Per-token PPO loss.
+
+    ratio = exp(logp - logp_old)
+    loss  = max(-A * ratio, -A * clip(ratio, 1 - eps_clip, 1 + eps_clip_high))
+    dual clip (eps_clip_c > 1, only where A < 0): loss = min(loss, -A * eps_clip_c), which bounds how much a
+    token with a huge ratio and a negative advantage can push.
+    """
+    if eps_clip_high is None:
+        eps_clip_high = eps_clip
+    if eps_clip < 0 or eps_clip_high < 0:
+        raise ValueError(f"clip ranges must be >= 0, got eps_clip={eps_clip}, eps_clip_high={eps_clip_high}")
+    if not (log_probs.shape == old_log_probs.shape == advantages.shape):
+        raise ValueError(
+            f"shapes differ: log_probs {tuple(log_probs.shape)}, old {tuple(old_log_probs.shape)}, "
+            f"advantages {tuple(advantages.shape)}"
+        )
+    ratio = torch.exp(log_probs - old_log_probs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    clip_active = (clipped > unclipped).to(loss.dtype)
+    dual_active = torch.zeros_like(loss)
+    if eps_clip_c is not None:
+        if eps_clip_c <= 1.0:
+            raise ValueError(f"dual-clip bound eps_clip_c must be > 1.0, got {eps_clip_c}")
+        bound = -advantages * eps_clip_c
+        negative = advantages < 0
+        dual_active = (negative & (loss > bound)).to(loss.dtype)
+        loss = torch.where(negative, torch.minimum(loss, bound), loss)
+    return PolicyLossOutput(loss, clip_active.detach(), dual_active.detach())

@@ -1,0 +1,124 @@
+"""The unit of data that flows from rollout to training: one `Sample` per generated trajectory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Status(Enum):
+    PENDING = "pending"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"  # hit a length budget before the model finished
+    ABORTED = "aborted"  # cancelled by the rollout manager (e.g. over-sampling surplus)
+    FAILED = "failed"  # an external fault (search outage, engine error): kept out of the loss
+
+
+@dataclass
+class Sample:
+    """One trajectory: prompt tokens followed by response tokens.
+
+    `tokens` holds prompt + response; the last `response_length` of them are the response. `loss_mask` and
+    `rollout_log_probs` cover the response only, one entry per response token: mask 1 for tokens the policy
+    generated, 0 for tokens inserted by the environment (retrieved passages); log-probs are the engine's for
+    generated tokens and 0.0 for inserted ones.
+    """
+
+    Status = Status
+
+    prompt: str | list[dict[str, str]] = ""
+    tokens: list[int] = field(default_factory=list)
+    response: str = ""
+    response_length: int = 0
+    loss_mask: list[int] = field(default_factory=list)
+    rollout_log_probs: list[float] = field(default_factory=list)
+    reward: float | dict[str, Any] | None = None
+    label: Any = None
+    group_index: int | None = None
+    index: int | None = None
+    status: Status = Status.PENDING
+    metadata: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    weight_versions: list[str] = field(default_factory=list)
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.tokens) - self.response_length
+
+    @property
+    def response_tokens(self) -> list[int]:
+        return self.tokens[len(self.tokens) - self.response_length :]
+
+    def append_response_tokens(
+        self,
+        token_ids: list[int],
+        *,
+        generated: bool,
+        log_probs: list[float] | None = None,
+        text: str = "",
+    ) -> None:
+        """Append a span of response tokens, keeping tokens, loss mask and log-probs aligned.
+
+        Generated spans need one log-prob per token; inserted spans (observations) take none and get
+        mask 0 and log-prob 0.0.
+        """
+        self.check_alignment()
+        token_ids = [int(t) for t in token_ids]
+        if generated:
+            if log_probs is None or len(log_probs) != len(token_ids):
+                got = "none" if log_probs is None else len(log_probs)
+                raise ValueError(f"generated span of {len(token_ids)} tokens needs as many log-probs, got {got}")
+            span_log_probs = [float(lp) for lp in log_probs]
+        else:
+            if log_probs is not None:
+                raise ValueError("inserted (non-generated) tokens take no log-probs")
+            span_log_probs = [0.0] * len(token_ids)
+        self.tokens.extend(token_ids)
+        self.loss_mask.extend([1 if generated else 0] * len(token_ids))
+        self.rollout_log_probs.extend(span_log_probs)
+        self.response_length += len(token_ids)
+        self.response += text
+
+    def check_alignment(self) -> None:
+        """Raise if the response, its mask and its log-probs disagree in length."""
+        if self.response_length > len(self.tokens):
+            raise ValueError(f"response_length {self.response_length} exceeds {len(self.tokens)} tokens")
+        if len(self.loss_mask) != self.response_length:
+            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {self.response_length} response tokens")
+        if len(self.rollout_log_probs) != self.response_length:
+            raise ValueError(
+                f"rollout_log_probs has {len(self.rollout_log_probs)} entries for {self.response_length} "
+                "response tokens"
+            )
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the sample may enter the loss: failed and aborted trajectories never do."""
+        return self.status in (Status.COMPLETED, Status.TRUNCATED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt": self.prompt,
+            "tokens": list(self.tokens),
+            "response": self.response,
+            "response_length": self.response_length,
+            "loss_mask": list(self.loss_mask),
+            "rollout_log_probs": list(self.rollout_log_probs),
+            "reward": self.reward,
+            "label": self.label,
+            "group_index": self.group_index,
+            "index": self.index,
+            "status": self.status.value,
+            "metadata": dict(self.metadata),
+            "metrics": dict(self.metrics),
+            "weight_versions": list(self.weight_versions),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Sample:
+        fields = dict(data)
+        fields["status"] = Status(fields.get("status", Status.PENDING.value))
+        sample = cls(**fields)
+        sample.check_alignment()
+        return sample

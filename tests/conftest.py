@@ -1,0 +1,17 @@
+"""Shared test helpers: the location of the real data beside the checkout, skipped with a reason when absent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real data folder {SHARED_DATA} is absent (it sits beside the checkout in the dev workspace)")
+    return SHARED_DATA
