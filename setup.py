@@ -14,6 +14,7 @@ CORE = [
     "psutil",
     "ray>=2.40",
     "faiss-cpu>=1.8",
+    "bm25s>=0.2",
     "fastapi>=0.110",
     "uvicorn>=0.30",
     "aiohttp>=3.9",
