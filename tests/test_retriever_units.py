@@ -123,3 +123,18 @@ def test_listen_socket_gives_connections_tcp_nodelay():
         return value
 
     assert asyncio.run(accepted_nodelay()) != 0
+
+
+@pytest.mark.gpu
+def test_faiss_index_shards_over_gpus():
+    faiss = pytest.importorskip("faiss")
+    if not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
+        pytest.skip("needs faiss with CUDA GPUs (faiss-gpu); this machine has none")
+    from local_dense_retriever.index import to_all_gpus
+
+    vectors = np.random.default_rng(0).standard_normal((1000, 32)).astype(np.float32)
+    cpu = faiss.IndexFlatIP(32)
+    cpu.add(vectors)
+    gpu = to_all_gpus(cpu, fp16=True)
+    _, rows = gpu.search(vectors[:10], 1)
+    assert rows[:, 0].tolist() == list(range(10))
