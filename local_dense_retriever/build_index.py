@@ -58,7 +58,9 @@ def build_faiss(shards: list[Path], dim: int, factory: str):
 
     index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     if not index.is_trained:
-        sample = np.concatenate([np.load(p, mmap_mode="r") for p in shards])[:MAX_TRAIN_VECTORS]
+        # An even slice of every shard, read through mmap: never the whole corpus in memory at once.
+        per_shard = -(-MAX_TRAIN_VECTORS // len(shards))
+        sample = np.concatenate([np.load(p, mmap_mode="r")[:per_shard] for p in shards])
         logger.info("training %s on %d vectors", factory, len(sample))
         index.train(np.ascontiguousarray(sample, dtype=np.float32))
     for path in shards:

@@ -214,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if info["index_size"] != len(corpus):
-        print(f"error: the index holds {info['index_size']} vectors but the corpus has {len(corpus)} passages")
+        print(
+            f"error: the index holds {info['index_size']} vectors but the corpus has {len(corpus)} passages",
+            file=sys.stderr,
+        )
         return 2
     config = ServerConfig(
         default_topk=args.topk,
