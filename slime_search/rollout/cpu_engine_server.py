@@ -1,0 +1,278 @@
+"""SGLang's native HTTP API, served on CPU by a transformers model (the rollout engine of CPU runs and tests).
+
+    python -m slime_search.rollout.cpu_engine_server --model-path CKPT [--port 30000] [--max-batch-size 32]
+
+Endpoints: POST /generate, GET /health, GET /health_generate, GET /get_model_info,
+POST /update_weights_from_disk, POST /flush_cache, POST /abort_request. Concurrent /generate requests are
+collected for a few milliseconds and run as one batch (shared prefill and decode passes over a KV cache).
+Weight updates run on the same worker, between batches, so no generation ever mixes two weight versions.
+"""
+
+# No `from __future__ import annotations`: FastAPI resolves the handlers' annotations at run time.
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from slime_search.rollout.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineServerConfig:
+    max_batch_size: int = 32
+    max_wait_ms: float = 5.0
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def parse_generate(body: Any, tokenizer, vocab_size: int, max_positions: int):
+    """Validate a /generate body into (input_ids, SamplingParams, return_logprob, rid)."""
+    from slime_search.rollout.cpu_engine import GenerationRequest
+
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    if body.get("stream"):
+        raise BadRequest("streaming is not supported by the CPU engine")
+    if ("input_ids" in body) == ("text" in body):
+        raise BadRequest("give exactly one of 'input_ids' or 'text'")
+    if "text" in body:
+        if not isinstance(body["text"], str):
+            raise BadRequest("'text' must be a string (batched prompts: send one request each)")
+        input_ids = tokenizer.encode(body["text"], add_special_tokens=False)
+    else:
+        input_ids = body["input_ids"]
+        if not isinstance(input_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in input_ids
+        ):
+            raise BadRequest("'input_ids' must be a list of integers (batched prompts: send one request each)")
+    if not input_ids:
+        raise BadRequest("the prompt is empty")
+    bad = [t for t in input_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise BadRequest(f"token ids out of range [0, {vocab_size}): {bad[:5]}")
+    try:
+        params = SamplingParams.from_request(body.get("sampling_params"))
+    except (TypeError, ValueError) as err:
+        raise BadRequest(f"bad sampling_params: {err}") from err
+    if len(input_ids) + params.max_new_tokens > max_positions:
+        raise BadRequest(
+            f"prompt ({len(input_ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds the context of {max_positions}"
+        )
+    rid = str(body.get("rid") or uuid.uuid4().hex)
+    return GenerationRequest(input_ids, params, rid), bool(body.get("return_logprob", False))
+
+
+def format_result(request, result, return_logprob: bool) -> dict:
+    meta = {
+        "id": request.rid,
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": len(result.output_ids),
+        "weight_version": result.weight_version,
+    }
+    if return_logprob:
+        meta["output_token_logprobs"] = [
+            [lp, tok, None] for lp, tok in zip(result.log_probs, result.output_ids, strict=True)
+        ]
+    return {"text": result.text, "output_ids": result.output_ids, "meta_info": meta}
+
+
+class GenerationBatcher:
+    """Collects concurrent requests into batches for one worker thread that owns the engine."""
+
+    def __init__(self, engine, config: EngineServerConfig):
+        self.engine = engine
+        self.config = config
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self.task = None
+        self.batches = 0
+        self.requests = 0
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def submit(self, request):
+        future = asyncio.get_running_loop().create_future()
+        await self.queue.put((request, future))
+        return await future
+
+    async def run_exclusive(self, fn, *args):
+        """Run `fn` on the engine's worker thread, between batches."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self.queue.get()]
+            deadline = loop.time() + self.config.max_wait_ms / 1000.0
+            while len(batch) < self.config.max_batch_size:
+                remaining = deadline - loop.time()
+                if self.queue.empty() and remaining <= 0:
+                    break
+                try:
+                    batch.append(
+                        self.queue.get_nowait()
+                        if not self.queue.empty()
+                        else await asyncio.wait_for(self.queue.get(), remaining)
+                    )
+                except TimeoutError:
+                    break
+            self.batches += 1
+            self.requests += len(batch)
+            requests = [request for request, _ in batch]
+            try:
+                results = await loop.run_in_executor(self.executor, self.engine.generate, requests)
+            except Exception as err:  # noqa: BLE001 - the batch's requests fail; the server carries on
+                logger.exception("generation batch of %d failed", len(batch))
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(err)
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                if not future.done():
+                    future.set_result(result)
+
+
+def create_app(engine, config: EngineServerConfig):
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    batcher = GenerationBatcher(engine, config)
+    vocab_size = int(engine.model.config.vocab_size)
+    max_positions = int(getattr(engine.model.config, "max_position_embeddings", 1 << 30))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="slime-search CPU engine", lifespan=lifespan)
+
+    async def read_json(request: Request):
+        try:
+            return json.loads(await request.body() or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise BadRequest(f"body is not valid JSON: {err}") from err
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, err: BadRequest):
+        return JSONResponse({"error": {"message": str(err)}}, status_code=400)
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        body = await read_json(request)
+        gen_request, return_logprob = parse_generate(body, engine.tokenizer, vocab_size, max_positions)
+        result = await batcher.submit(gen_request)
+        return JSONResponse(format_result(gen_request, result, return_logprob))
+
+    @app.get("/health")
+    async def health():
+        return {
+            "status": "ok",
+            "weight_version": engine.weight_version,
+            "batches": batcher.batches,
+            "requests": batcher.requests,
+            "queue_depth": batcher.queue.qsize(),
+        }
+
+    @app.get("/health_generate")
+    async def health_generate():
+        probe, _ = parse_generate(
+            {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+            engine.tokenizer,
+            vocab_size,
+            max_positions,
+        )
+        await batcher.submit(probe)
+        return {"status": "ok"}
+
+    @app.get("/get_model_info")
+    async def model_info():
+        return {"model_path": engine.model_path, "weight_version": engine.weight_version, "is_generation": True}
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights(request: Request):
+        body = await read_json(request)
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("'model_path' (an HF checkpoint folder) is required")
+        version = body.get("weight_version")
+        try:
+            new_version = await batcher.run_exclusive(
+                engine.update_weights_from_disk, path, None if version is None else str(version)
+            )
+        except (OSError, ValueError) as err:
+            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
+        return {"success": True, "message": f"loaded {path}", "weight_version": new_version}
+
+    @app.post("/flush_cache")
+    async def flush_cache():
+        # The KV cache lives only for the duration of a batch, so there is no cross-request cache to drop.
+        return {"success": True}
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        body = await read_json(request)
+        engine.abort(None if body.get("abort_all") else str(body.get("rid", "")) or None)
+        return {"success": True}
+
+    return app
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-path", required=True, help="HF checkpoint folder (config, safetensors, tokenizer)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed at start)")
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weight-version", default="0")
+    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args = parse_args(argv)
+    import torch
+    import uvicorn
+
+    from local_dense_retriever.retrieval_server import listen_socket
+    from slime_search.rollout.cpu_engine import CpuEngine
+
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    try:
+        engine = CpuEngine(args.model_path, seed=args.seed, weight_version=args.weight_version)
+    except OSError as err:
+        print(f"error: cannot load a model from {args.model_path}: {err}", file=sys.stderr)
+        return 2
+    app = create_app(engine, EngineServerConfig(args.max_batch_size, args.max_wait_ms))
+    sock = listen_socket(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    print(f"serving on http://{host}:{port}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", backlog=4096))
+    asyncio.run(server.serve(sockets=[sock]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

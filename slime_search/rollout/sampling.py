@@ -1,0 +1,89 @@
+"""SGLang-compatible sampling parameters and per-row token sampling with the log-probs the trainer recomputes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    ignore_eos: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_request(cls, params: dict[str, Any] | None) -> SamplingParams:
+        """Parse SGLang's `sampling_params` dict; unknown keys are kept in `extra`, bad values raise ValueError."""
+        params = dict(params or {})
+        known = {k: params.pop(k) for k in list(params) if k in cls.__dataclass_fields__ and k != "extra"}
+        stop = known.get("stop") or ()
+        known["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+        known["stop_token_ids"] = tuple(int(t) for t in (known.get("stop_token_ids") or ()))
+        out = cls(**known, extra=params)
+        out.validate()
+        return out
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every logit outside each row's top-k and top-p nucleus (top_k <= 0 and top_p = 1 mean off)."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    ranks = torch.arange(logits.shape[-1], device=logits.device).expand_as(logits)
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, logits.shape[-1])).unsqueeze(-1)
+    drop = ranks >= k
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # keep the smallest prefix whose mass reaches top_p: a token is dropped if the mass before it already does
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop |= mass_before >= top_p.unsqueeze(-1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return (tokens, log-probs).
+
+    The log-prob is log softmax(logits / T)[token] over the full vocabulary, the quantity the trainer recomputes
+    from its own logits at the same temperature (top-p / top-k only restrict which tokens can be drawn). Greedy
+    rows (T = 0) take the argmax and report log softmax(logits) at T = 1.
+    """
+    logits = logits.float()
+    greedy = temperature <= 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
+    log_probs = torch.log_softmax(scaled, dim=-1)
+    candidates = scaled
+    if bool(((top_k > 0) | (top_p < 1)).any()):
+        candidates = filter_top_k_top_p(scaled, top_k, top_p)
+    sampled = torch.multinomial(torch.softmax(candidates, dim=-1), 1, generator=generator).squeeze(-1)
+    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
+    return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,101 @@
+"""Run one of the project's HTTP servers as a child process on 127.0.0.1 and wait until it is healthy.
+
+The server prints "serving on http://HOST:PORT" once its socket is bound (port 0 picks a free one). Output goes
+to a log file, never to an unread pipe that could fill and stall the server. Only the started process is ever
+stopped, and on Linux it also receives SIGTERM if the parent dies, so no orphan keeps a port.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+READY_PREFIX = "serving on "
+
+
+def _die_with_parent() -> None:
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class ServerProcess:
+    def __init__(
+        self,
+        argv: list[str],
+        health_path: str = "/health",
+        timeout: float = 120.0,
+        log_path: str | Path | None = None,
+        env: dict[str, str] | None = None,
+    ):
+        if log_path is None:
+            handle, log_path = tempfile.mkstemp(prefix="server-", suffix=".log")
+            os.close(handle)
+        self.log_path = Path(log_path)
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - the child writes to it for its whole life
+        self.proc = subprocess.Popen(
+            [sys.executable, *argv],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})},
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        try:
+            self.url = self._wait_for_address(timeout)
+            self._wait_until_healthy(health_path, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def _wait_for_address(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if line.startswith(READY_PREFIX):
+                    return line[len(READY_PREFIX) :].strip()
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode}: {self.log_tail()}")
+            time.sleep(0.05)
+        raise RuntimeError(f"server printed no address within {timeout:.0f}s: {self.log_tail()}")
+
+    def _wait_until_healthy(self, health_path: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}{health_path}", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode}: {self.log_tail()}")
+            time.sleep(0.1)
+        raise RuntimeError(f"server at {self.url} never became healthy: {self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
