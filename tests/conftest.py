@@ -15,3 +15,11 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data folder {SHARED_DATA} is absent (it sits beside the checkout in the dev workspace)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A tiny random Qwen2 policy with the real Qwen2 tokenizer, saved as an HF checkpoint (built once)."""
+    from slime_search.models.tiny_qwen import save_tiny_checkpoint
+
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen2"))
