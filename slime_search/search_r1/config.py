@@ -1,0 +1,70 @@
+"""Search-R1 task settings, from CLI flags (`--search-backend`, `--search-url`, `--max-turns`, ...)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+SEARCH_BACKENDS = ("local", "serper")
+
+
+def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    group = parser.add_argument_group("Search-R1 task")
+    group.add_argument("--search-backend", choices=SEARCH_BACKENDS, default="local")
+    group.add_argument("--search-url", default="http://127.0.0.1:8000/retrieve", help="the local /retrieve endpoint")
+    group.add_argument("--search-topk", type=int, default=3)
+    group.add_argument("--search-concurrency", type=int, default=256, help="searches in flight at once")
+    group.add_argument("--search-snippet-only", action=argparse.BooleanOptionalAction, default=True, help="Serper")
+    group.add_argument("--max-turns", type=int, default=4, help="search turns before the final answer-only turn")
+    group.add_argument("--max-obs-tokens", type=int, default=500, help="observation cap per search, in tokens")
+    group.add_argument("--max-response-tokens", type=int, default=4096, help="total response budget (all turns)")
+    group.add_argument("--no-final-turn", dest="final_turn", action="store_false", help="drop the answer-only turn")
+    group.add_argument("--structure-format-score", type=float, default=0.0)
+    group.add_argument("--final-format-score", type=float, default=0.0)
+    group.add_argument("--retrieval-score", type=float, default=0.0)
+    group.add_argument("--max-answer-tags", type=int, default=None, help="score 0 above this many <answer> blocks")
+    return parser
+
+
+@dataclass(frozen=True)
+class SearchR1Config:
+    engine_url: str
+    tokenizer_path: str
+    search_backend: str = "local"
+    search_url: str = "http://127.0.0.1:8000/retrieve"
+    search_topk: int = 3
+    search_concurrency: int = 256
+    search_snippet_only: bool = True
+    max_turns: int = 4
+    max_obs_tokens: int = 500
+    max_response_tokens: int = 4096
+    final_turn: bool = True
+    apply_chat_template: bool = False
+
+    def __post_init__(self) -> None:
+        if self.search_backend not in SEARCH_BACKENDS:
+            raise ValueError(f"unknown --search-backend {self.search_backend!r}; valid: {', '.join(SEARCH_BACKENDS)}")
+        if self.max_turns < 0 or self.max_obs_tokens < 0 or self.max_response_tokens <= 0:
+            raise ValueError("--max-turns and --max-obs-tokens must be >= 0 and --max-response-tokens > 0")
+        if self.max_turns == 0 and not self.final_turn:
+            raise ValueError("--max-turns 0 with --no-final-turn leaves no turn to generate in")
+
+    @classmethod
+    def from_args(cls, args: Any) -> SearchR1Config:
+        engine_url = getattr(args, "engine_url", None) or getattr(args, "sglang_router_url", None)
+        if not engine_url:
+            ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
+            if not ip or not port:
+                raise ValueError("no engine address: set args.engine_url or --sglang-router-ip/--sglang-router-port")
+            engine_url = f"http://{ip}:{port}"
+        tokenizer_path = getattr(args, "hf_checkpoint", None) or getattr(args, "tokenizer_path", None)
+        if not tokenizer_path:
+            raise ValueError("no tokenizer: set --hf-checkpoint (an HF folder with the tokenizer)")
+        defaults = cls(engine_url="", tokenizer_path="")
+        fields = {
+            name: getattr(args, name, getattr(defaults, name))
+            for name in cls.__dataclass_fields__
+            if name not in ("engine_url", "tokenizer_path")
+        }
+        return cls(engine_url=engine_url, tokenizer_path=str(tokenizer_path), **fields)

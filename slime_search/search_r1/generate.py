@@ -1,0 +1,201 @@
+"""The Search-R1 multi-turn rollout, as slime's custom generate plugin: token ids in, token ids out.
+
+Each turn sends the engine `input_ids` = prompt + everything so far and appends exactly the ids it generated
+(with their log-probs); an observation is tokenised once and appended as ids with loss mask 0. The running
+text is never re-tokenised, so the trainer sees the very token stream the engine conditioned on.
+
+    --custom-generate-function-path slime_search.search_r1.generate.generate
+    --custom-rm-path slime_search.search_r1.reward.reward_func
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from slime_search.rollout.engine_client import EngineClient, EngineClientConfig
+from slime_search.search_r1.config import SearchR1Config
+from slime_search.search_r1.search_clients import (
+    LocalSearchClient,
+    LocalSearchConfig,
+    SearchError,
+    SerperClient,
+    SerperConfig,
+    format_observation,
+)
+from slime_search.types import Sample, Status
+
+STOP_STRINGS = ("</search>", "</answer>")
+_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+# Search-R1's message after a turn with neither a search nor an answer.
+INVALID_ACTION = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
+)
+
+
+def parse_action(text: str) -> tuple[str | None, str]:
+    """The first complete <search>/<answer> block of a turn: ("search" | "answer" | None, its stripped content)."""
+    match = _ACTION.search(text)
+    return (match.group(1), match.group(2).strip()) if match else (None, "")
+
+
+OBS_OPEN, OBS_CLOSE = "\n\n<information>", "</information>\n\n"
+
+
+def observation_text(docs: list[dict]) -> str:
+    return f"{OBS_OPEN}{format_observation(docs).strip()}{OBS_CLOSE}"
+
+
+def observation_ids(tokenizer, docs: list[dict], cap: int) -> tuple[list[int], bool]:
+    """Token ids of the observation, at most `cap` of them; returns (ids, truncated).
+
+    Over the cap, the passages are cut and the <information> tags kept, so the policy always sees (and is scored
+    on) a well-formed block; cutting the whole string, as Search-R1 does, drops the closing tag and makes the
+    trajectory fail the format check through no fault of the policy.
+    """
+    ids = tokenizer.encode(observation_text(docs), add_special_tokens=False)
+    if len(ids) <= cap:
+        return ids, False
+    open_ids = tokenizer.encode(OBS_OPEN, add_special_tokens=False)
+    close_ids = tokenizer.encode(OBS_CLOSE, add_special_tokens=False)
+    body = tokenizer.encode(format_observation(docs).strip(), add_special_tokens=False)
+    room = cap - len(open_ids) - len(close_ids)
+    if room <= 0:
+        return ids[:cap], True
+    return open_ids + body[:room] + close_ids, True
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+@dataclass
+class _Resources:
+    engine: EngineClient
+    search: LocalSearchClient | SerperClient
+    search_slots: asyncio.Semaphore
+
+
+# Connection pools are per event loop and per configuration; they live as long as the rollout process.
+_RESOURCES: dict[tuple[SearchR1Config, int], _Resources] = {}
+
+
+def resources_for(config: SearchR1Config) -> _Resources:
+    key = (config, id(asyncio.get_running_loop()))
+    if key not in _RESOURCES:
+        if config.search_backend == "local":
+            search = LocalSearchClient(LocalSearchConfig(url=config.search_url, topk=config.search_topk))
+        else:
+            search = SerperClient(SerperConfig(topk=config.search_topk, snippet_only=config.search_snippet_only))
+        _RESOURCES[key] = _Resources(
+            EngineClient(EngineClientConfig(config.engine_url)), search, asyncio.Semaphore(config.search_concurrency)
+        )
+    return _RESOURCES[key]
+
+
+async def close_resources() -> None:
+    """Close the pools created in the running loop (call at the end of a rollout process)."""
+    loop_id = id(asyncio.get_running_loop())
+    for key in [k for k in _RESOURCES if k[1] == loop_id]:
+        res = _RESOURCES.pop(key)
+        await res.engine.close()
+        await res.search.close()
+
+
+def prompt_ids(sample: Sample, tokenizer, apply_chat_template: bool) -> list[int]:
+    if sample.tokens:
+        return list(sample.tokens)
+    prompt = sample.prompt
+    if isinstance(prompt, list) or apply_chat_template:
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        text = prompt
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _turn_sampling_params(sampling_params: dict, remaining: int) -> dict:
+    params = dict(sampling_params)
+    params["max_new_tokens"] = min(int(params.get("max_new_tokens", remaining)), remaining)
+    params["stop"] = list(dict.fromkeys([*(params.get("stop") or []), *STOP_STRINGS]))
+    params["no_stop_trim"] = True  # the stop tag is part of what the policy generated and is trained on
+    return params
+
+
+async def generate(args: Any, sample: Sample, sampling_params: dict) -> Sample:
+    config = SearchR1Config.from_args(args)
+    tokenizer = load_tokenizer(config.tokenizer_path)
+    res = resources_for(config)
+    return await run_trajectory(config, tokenizer, res, sample, sampling_params)
+
+
+async def run_trajectory(
+    config: SearchR1Config, tokenizer, res: _Resources, sample: Sample, sampling_params: dict
+) -> Sample:
+    sample.tokens = prompt_ids(sample, tokenizer, config.apply_chat_template)
+    metrics = {"turns": 0, "searches": 0, "invalid_actions": 0, "obs_truncations": 0, "search_latency_s": 0.0}
+    sample.status = Status.COMPLETED
+    finish = "stop"
+    turn_limit = config.max_turns + (1 if config.final_turn else 0)
+    for turn in range(turn_limit):
+        remaining = config.max_response_tokens - sample.response_length
+        if remaining <= 0:
+            sample.status, finish = Status.TRUNCATED, "length"
+            break
+        out = await res.engine.generate(_turn_sampling_params(sampling_params, remaining), input_ids=sample.tokens)
+        meta = out["meta_info"]
+        ids = [int(i) for i in out["output_ids"]]
+        log_probs = [float(lp) for lp, _, _ in meta["output_token_logprobs"]]
+        sample.append_response_tokens(ids, generated=True, log_probs=log_probs, text=tokenizer.decode(ids))
+        sample.weight_versions.append(str(meta.get("weight_version", "")))
+        metrics["turns"] += 1
+        reason = meta["finish_reason"]
+        if reason["type"] == "abort":
+            sample.status, finish = Status.ABORTED, "abort"
+            break
+        if reason["type"] == "length":
+            sample.status, finish = Status.TRUNCATED, "length"
+            break
+        if isinstance(reason.get("matched"), int):  # EOS or a stop token: the model ended the trajectory
+            finish = "eos"
+            break
+        action, content = parse_action(tokenizer.decode(ids))
+        if action == "answer":
+            finish = "answer"
+            break
+        if turn >= config.max_turns:  # the final turn: no more searches
+            finish = "final_turn"
+            break
+        if action == "search":
+            start = time.perf_counter()
+            try:
+                async with res.search_slots:
+                    docs = await res.search.search(content)
+            except SearchError as err:
+                sample.status, finish = Status.FAILED, "search_error"
+                sample.metadata["error"] = str(err)
+                break
+            finally:
+                metrics["search_latency_s"] += time.perf_counter() - start
+            metrics["searches"] += 1
+            obs_ids, truncated = observation_ids(tokenizer, docs, config.max_obs_tokens)
+            metrics["obs_truncations"] += int(truncated)
+        else:
+            metrics["invalid_actions"] += 1
+            obs_ids = tokenizer.encode(INVALID_ACTION, add_special_tokens=False)
+        obs_ids = obs_ids[: max(0, config.max_response_tokens - sample.response_length)]
+        sample.append_response_tokens(obs_ids, generated=False, text=tokenizer.decode(obs_ids))
+    else:
+        finish = "max_turns"
+    sample.metrics.update(metrics, response_tokens=sample.response_length)
+    sample.metadata["finish_reason"] = finish
+    sample.check_alignment()
+    return sample
