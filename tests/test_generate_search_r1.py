@@ -14,7 +14,6 @@ from slime_search.search_r1.prompt import make_prompt
 from slime_search.search_r1.reward import reward_func
 from slime_search.types import Sample, Status
 from slime_search.utils.server_process import ServerProcess
-from tests.conftest import REPO_ROOT
 from tests.retriever_helpers import write_tiny_corpus
 
 pytestmark = pytest.mark.timeout(300)
@@ -46,7 +45,8 @@ def servers(tmp_path_factory, tiny_checkpoint):
     )
     (root / "script.json").write_text(json.dumps(SCRIPT))
     engine_argv = [
-        str(REPO_ROOT / "tests" / "scripted_engine.py"),
+        "-m",
+        "slime_search.rollout.replay_engine",
         "--tokenizer",
         str(tiny_checkpoint),
         "--script",

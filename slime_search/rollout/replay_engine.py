@@ -1,20 +1,22 @@
-"""A stand-in for an SGLang engine whose "model" follows a script, for testing the multi-turn loop.
+"""An engine behind SGLang's /generate API whose "model" replays scripted or recorded turns.
 
-    python tests/scripted_engine.py --tokenizer DIR --script SCRIPT.json --port 0
+    python -m slime_search.rollout.replay_engine --tokenizer DIR --script SCRIPT.json --port 0
+    python -m slime_search.rollout.replay_engine --tokenizer DIR --trajectories ../shared/data/trajectories/X.jsonl
 
-SCRIPT.json maps a substring of the prompt (e.g. the question) to the texts of successive turns. The turn
-number is the count of observations already in the assistant's part of the prompt. Output ids are the tokenizer's encoding of the
-scripted text, cut to max_new_tokens; every request is recorded and served back by GET /requests.
+It drives the multi-turn loop with a known policy: in tests (a script: a substring of the prompt, e.g. the
+question, mapped to the texts of successive turns) and in the rollout benchmark (real Search-R1 trajectories,
+split into turns at their <information> blocks, so searches follow the real model's pattern while the
+retriever and the search client do real work). The turn number is the count of observations already in the
+assistant's part of the prompt. Output ids are the tokenizer's encoding of the turn text, cut to
+max_new_tokens; every request is recorded and served back by GET /requests.
 """
 
 import argparse
 import asyncio
 import json
+import re
 import socket
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 OBSERVATION_MARKERS = ("</information>", "My previous action is invalid.")
 
@@ -65,16 +67,36 @@ def build_app(tokenizer, script: dict[str, list[str]]):
     return app
 
 
+_OBSERVATION = re.compile(r"\s*<information>.*?</information>\s*", re.DOTALL)
+
+
+def turns_from_trajectory(response: str) -> list[str]:
+    """A recorded response split into the model's turns (the text between observations)."""
+    turns = [t for t in _OBSERVATION.split(response)]
+    return [t for t in turns if t.strip()] or [response]
+
+
+def script_from_trajectories(path: str) -> dict[str, list[str]]:
+    script = {}
+    for line in Path(path).read_text().splitlines():
+        row = json.loads(line)
+        script[row["question"]] = turns_from_trajectory(row["response"])
+    return script
+
+
 def main() -> None:
     import uvicorn
     from transformers import AutoTokenizer
 
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", required=True)
-    parser.add_argument("--script", required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--script", help="JSON: prompt substring -> list of turn texts")
+    source.add_argument("--trajectories", help="Search-R1 trajectories jsonl (question, response)")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
-    app = build_app(AutoTokenizer.from_pretrained(args.tokenizer), json.loads(Path(args.script).read_text()))
+    script = json.loads(Path(args.script).read_text()) if args.script else script_from_trajectories(args.trajectories)
+    app = build_app(AutoTokenizer.from_pretrained(args.tokenizer), script)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", args.port))
     print(f"serving on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
