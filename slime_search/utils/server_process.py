@@ -35,7 +35,9 @@ class ServerProcess:
         timeout: float = 120.0,
         log_path: str | Path | None = None,
         env: dict[str, str] | None = None,
+        url: str | None = None,
     ):
+        """`url`: where the server will listen, for programs that do not print READY_PREFIX (SGLang)."""
         if log_path is None:
             handle, log_path = tempfile.mkstemp(prefix="server-", suffix=".log")
             os.close(handle)
@@ -51,7 +53,7 @@ class ServerProcess:
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         try:
-            self.url = self._wait_for_address(timeout)
+            self.url = url or self._wait_for_address(timeout)
             self._wait_until_healthy(health_path, timeout)
         except BaseException:
             self.stop()

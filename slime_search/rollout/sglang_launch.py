@@ -1,0 +1,137 @@
+"""Launch SGLang engines (one `sglang.launch_server` per engine) and the SGLang router, on GPU machines.
+
+SGLang is imported by the child processes only; building commands and registering workers need no GPU.
+Each engine serves SGLang's native API on its own port; the router spreads /generate over the engines, and
+clients (the generate plugin, weight sync) talk to the router or to each engine through the same HTTP API.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import httpx
+
+from slime_search.utils.server_process import ServerProcess
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SGLangEngineSpec:
+    model_path: str
+    port: int
+    tp_size: int = 1
+    base_gpu_id: int = 0
+    mem_fraction_static: float = 0.8
+    host: str = "127.0.0.1"
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model_path,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--tp-size",
+            str(self.tp_size),
+            "--base-gpu-id",
+            str(self.base_gpu_id),
+            "--mem-fraction-static",
+            str(self.mem_fraction_static),
+            *self.extra_args,
+        ]
+
+
+def engine_specs(
+    model_path: str,
+    num_gpus: int,
+    gpus_per_engine: int,
+    first_port: int,
+    mem_fraction_static: float = 0.8,
+    host: str = "127.0.0.1",
+    first_gpu: int = 0,
+) -> list[SGLangEngineSpec]:
+    """`--rollout-num-gpus` split into engines of `--rollout-num-gpus-per-engine` GPUs each."""
+    if gpus_per_engine <= 0 or num_gpus % gpus_per_engine:
+        raise ValueError(
+            f"--rollout-num-gpus {num_gpus} is not a multiple of --rollout-num-gpus-per-engine {gpus_per_engine}"
+        )
+    return [
+        SGLangEngineSpec(
+            model_path=model_path,
+            port=first_port + i,
+            tp_size=gpus_per_engine,
+            base_gpu_id=first_gpu + i * gpus_per_engine,
+            mem_fraction_static=mem_fraction_static,
+            host=host,
+        )
+        for i in range(num_gpus // gpus_per_engine)
+    ]
+
+
+def router_command(host: str, port: int) -> list[str]:
+    return ["-m", "sglang_router.launch_router", "--host", host, "--port", str(port)]
+
+
+def register_worker(router_url: str, worker_url: str, timeout_s: float = 30.0) -> None:
+    """Add an engine to the router: `POST /workers` (current gateway), else `POST /add_worker?url=` (older)."""
+    response = httpx.post(
+        f"{router_url}/workers", json={"url": worker_url, "worker_type": "regular"}, timeout=timeout_s
+    )
+    if response.status_code == 404:
+        response = httpx.post(f"{router_url}/add_worker", params={"url": worker_url}, timeout=timeout_s)
+    if response.status_code >= 400:
+        raise RuntimeError(
+            f"router {router_url} refused worker {worker_url}: HTTP {response.status_code} {response.text[:200]}"
+        )
+
+
+@dataclass
+class SGLangDeployment:
+    router_url: str
+    engines: list[ServerProcess]
+    router: ServerProcess
+
+    def stop(self) -> None:
+        self.router.stop()
+        for engine in self.engines:
+            engine.stop()
+
+
+def launch(
+    specs: list[SGLangEngineSpec], router_host: str, router_port: int, timeout_s: float = 900.0
+) -> SGLangDeployment:
+    """Start every engine, wait for /health_generate, start the router and register the engines with it."""
+    if "sglang" not in sys.modules:
+        import importlib.util
+
+        if importlib.util.find_spec("sglang") is None:
+            raise RuntimeError("SGLang is not installed: pip install -e '.[gpu]' on a CUDA machine")
+    engines: list[ServerProcess] = []
+    try:
+        for spec in specs:
+            engines.append(
+                ServerProcess(spec.command(), health_path="/health_generate", timeout=timeout_s, url=spec.url)
+            )
+        router_url = f"http://{router_host}:{router_port}"
+        router = ServerProcess(
+            router_command(router_host, router_port), health_path="/health", timeout=120, url=router_url
+        )
+        for spec in specs:
+            register_worker(router_url, spec.url)
+    except BaseException:
+        for engine in engines:
+            engine.stop()
+        raise
+    logger.info("SGLang router at %s with %d engines", router_url, len(specs))
+    return SGLangDeployment(router_url, engines, router)
