@@ -47,7 +47,7 @@ setup(
     version="0.1.0",
     description="Search-R1 style RL (GRPO + TIS) for LLMs that reason and call a search engine",
     python_requires=">=3.11",
-    packages=find_packages(include=["slime_search*", "megatron_bridge*", "local_dense_retriever*", "tools*"]),
+    packages=find_packages(include=["slime_search*", "megatron_bridge*", "local_dense_retriever*"]),
     install_requires=CORE,
     extras_require={"gpu": GPU, "dev": DEV},
 )

@@ -54,7 +54,11 @@ def test_real_sglang_engine_behind_router(tiny_checkpoint):
     try:
         out = httpx.post(
             f"{deployment.router_url}/generate",
-            json={"input_ids": [9707, 1879], "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}, "return_logprob": True},
+            json={
+                "input_ids": [9707, 1879],
+                "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
+                "return_logprob": True,
+            },
             timeout=120,
         ).json()
         assert len(out["output_ids"]) == len(out["meta_info"]["output_token_logprobs"]) == 4

@@ -1,0 +1,21 @@
+"""Hugging Face <-> Megatron-core weight mapping for the Qwen2 / Qwen2.5 family, with tensor-parallel sharding."""
+
+from megatron_bridge.qwen2 import (
+    Qwen2Shape,
+    gather_tensor_parallel,
+    hf_to_megatron,
+    iter_hf_weight_buckets,
+    megatron_to_hf,
+    pad_vocab_size,
+    shard_tensor_parallel,
+)
+
+__all__ = [
+    "Qwen2Shape",
+    "gather_tensor_parallel",
+    "hf_to_megatron",
+    "iter_hf_weight_buckets",
+    "megatron_to_hf",
+    "pad_vocab_size",
+    "shard_tensor_parallel",
+]

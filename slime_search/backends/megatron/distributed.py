@@ -1,0 +1,59 @@
+"""Process-group set-up for the Megatron actor: NCCL on GPU, gloo on CPU (with the CPU compatibility layer)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_megatron(rank: int, world_size: int, tp_size: int, master_port: int, seed: int = 1234) -> None:
+    """torch.distributed + Megatron model parallel state for one rank (PP = 1, DP = world / TP)."""
+    import torch.distributed as dist
+
+    from slime_search.backends.megatron import cpu_compat
+
+    on_cpu = cpu_compat.activate()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(master_port)
+    if not on_cpu:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(
+        "gloo" if on_cpu else "nccl", rank=rank, world_size=world_size, timeout=timedelta(minutes=10)
+    )
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp_size)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def shutdown() -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def gather_vocab_parallel(logits: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary logits from each TP rank's vocabulary slice (last dimension)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_tensor_model_parallel_group()
+    size = parallel_state.get_tensor_model_parallel_world_size()
+    if size == 1:
+        return logits
+    parts = [torch.empty_like(logits) for _ in range(size)]
+    dist.all_gather(parts, logits.contiguous(), group=group)
+    return torch.cat(parts, dim=-1)

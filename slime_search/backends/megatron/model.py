@@ -1,0 +1,129 @@
+"""Build a Megatron-core GPTModel for a Qwen2-family checkpoint and move weights in and out of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from megatron_bridge import Qwen2Shape, hf_to_megatron, pad_vocab_size, shard_tensor_parallel
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    make_vocab_size_divisible_by: int = 128
+    rotary_base: float = 1_000_000.0
+    max_position_embeddings: int = 32768
+    rms_norm_eps: float = 1e-6
+    params_dtype: torch.dtype = torch.float32
+    sequence_parallel: bool = False
+    use_te: bool | None = None  # None: TransformerEngine spec when importable and CUDA is present
+
+    @classmethod
+    def from_hf_config(cls, config, **overrides) -> ModelOptions:
+        return cls(
+            rotary_base=float(
+                getattr(config, "rope_theta", None) or getattr(config, "rope_parameters", {}).get("rope_theta", 1e6)
+            ),
+            max_position_embeddings=int(config.max_position_embeddings),
+            rms_norm_eps=float(config.rms_norm_eps),
+            **overrides,
+        )
+
+
+def te_available() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def transformer_config(shape: Qwen2Shape, options: ModelOptions):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    on_gpu = torch.cuda.is_available()
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        kv_channels=shape.head_dim,
+        add_bias_linear=False,
+        add_qkv_bias=True,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        normalization="RMSNorm",
+        layernorm_epsilon=options.rms_norm_eps,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=options.params_dtype,
+        bf16=options.params_dtype == torch.bfloat16,
+        use_cpu_initialization=not on_gpu,
+        perform_initialization=True,
+        sequence_parallel=options.sequence_parallel,
+        tensor_model_parallel_size=_tp_size(),
+        bias_dropout_fusion=on_gpu,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=on_gpu,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def _tp_size() -> int:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_tensor_model_parallel_world_size()
+
+
+def build_gpt_model(shape: Qwen2Shape, options: ModelOptions):
+    """A GPTModel with the Qwen2 architecture; model-parallel state must already be initialised."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+
+    use_te = te_available() if options.use_te is None else options.use_te
+    spec = (
+        get_gpt_layer_with_transformer_engine_spec(qk_layernorm=False)
+        if use_te
+        else get_gpt_layer_local_spec(qk_layernorm=False, normalization="RMSNorm")
+    )
+    return GPTModel(
+        config=transformer_config(shape, options),
+        transformer_layer_spec=spec,
+        vocab_size=pad_vocab_size(shape.vocab_size, options.make_vocab_size_divisible_by, _tp_size()),
+        max_sequence_length=options.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(options.rotary_base),
+        share_embeddings_and_output_weights=shape.tie_word_embeddings,
+        pre_process=True,
+        post_process=True,
+    )
+
+
+def uses_te_names(model) -> bool:
+    return any(name.endswith("layer_norm_weight") for name in model.state_dict())
+
+
+def load_hf_weights(model, hf_state: dict[str, torch.Tensor], shape: Qwen2Shape, options: ModelOptions) -> None:
+    """Copy an HF state dict into this rank's shard of the model; raises on any missing or unexpected tensor."""
+    from megatron.core import parallel_state
+
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    padded = pad_vocab_size(shape.vocab_size, options.make_vocab_size_divisible_by, tp_size)
+    full = hf_to_megatron(hf_state, shape, padded, te_names=uses_te_names(model))
+    shard = shard_tensor_parallel(full, shape, tp_size, tp_rank)
+    target = model.state_dict()
+    missing = [k for k in target if k not in shard and not k.endswith("_extra_state")]
+    unexpected = [k for k in shard if k not in target]
+    if missing or unexpected:
+        raise KeyError(f"weight mapping mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    with torch.no_grad():
+        for name, tensor in shard.items():
+            if target[name].shape != tensor.shape:
+                raise ValueError(f"{name}: model shape {tuple(target[name].shape)} vs checkpoint {tuple(tensor.shape)}")
+            target[name].copy_(tensor.to(target[name].dtype))

@@ -1,0 +1,117 @@
+"""HF <-> Megatron weight mapping for Qwen2: exact round trips, TP sharding, vocab padding, buckets."""
+
+import pytest
+import torch
+
+from megatron_bridge import (
+    Qwen2Shape,
+    gather_tensor_parallel,
+    hf_to_megatron,
+    iter_hf_weight_buckets,
+    megatron_to_hf,
+    pad_vocab_size,
+    shard_tensor_parallel,
+)
+from megatron_bridge.qwen2 import fuse_qkv, split_qkv
+
+SHAPE = Qwen2Shape(
+    num_layers=2,
+    hidden_size=16,
+    num_heads=4,
+    num_kv_heads=2,
+    ffn_hidden_size=24,
+    vocab_size=50,
+    tie_word_embeddings=False,
+)
+
+
+def random_hf_state(shape: Qwen2Shape, seed: int = 0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    h, hd, kv, f, v = shape.hidden_size, shape.head_dim, shape.num_kv_heads, shape.ffn_hidden_size, shape.vocab_size
+    state = {
+        "model.embed_tokens.weight": torch.randn(v, h, generator=gen),
+        "model.norm.weight": torch.randn(h, generator=gen),
+    }
+    for i in range(shape.num_layers):
+        p = f"model.layers.{i}."
+        sizes = {
+            "input_layernorm.weight": (h,),
+            "post_attention_layernorm.weight": (h,),
+            "self_attn.q_proj.weight": (h, h),
+            "self_attn.q_proj.bias": (h,),
+            "self_attn.k_proj.weight": (kv * hd, h),
+            "self_attn.k_proj.bias": (kv * hd,),
+            "self_attn.v_proj.weight": (kv * hd, h),
+            "self_attn.v_proj.bias": (kv * hd,),
+            "self_attn.o_proj.weight": (h, h),
+            "mlp.gate_proj.weight": (f, h),
+            "mlp.up_proj.weight": (f, h),
+            "mlp.down_proj.weight": (h, f),
+        }
+        state.update({p + k: torch.randn(*s, generator=gen) for k, s in sizes.items()})
+    state["lm_head.weight"] = (
+        state["model.embed_tokens.weight"] if shape.tie_word_embeddings else torch.randn(v, h, generator=gen)
+    )
+    return state
+
+
+def test_qkv_interleaving_by_query_group():
+    # 4 heads in 2 groups, head_dim 1: q rows [q0 q1 q2 q3], k [k0 k1], v [v0 v1]
+    # -> group 0: q0 q1 k0 v0, group 1: q2 q3 k1 v1
+    shape = Qwen2Shape(1, 4, 4, 2, 4, 8, True)
+    q, k, v = torch.tensor([0.0, 1, 2, 3]), torch.tensor([10.0, 11]), torch.tensor([20.0, 21])
+    fused = fuse_qkv(q, k, v, shape)
+    assert fused.tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
+    assert [t.tolist() for t in split_qkv(fused, shape)] == [q.tolist(), k.tolist(), v.tolist()]
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("te_names", [False, True])
+def test_round_trip_is_bit_exact(tied, te_names):
+    shape = Qwen2Shape(**{**SHAPE.__dict__, "tie_word_embeddings": tied})
+    hf = random_hf_state(shape)
+    padded = pad_vocab_size(shape.vocab_size, 16, 2)  # 50 -> 64
+    mg = hf_to_megatron(hf, shape, padded, te_names=te_names)
+    assert mg["embedding.word_embeddings.weight"].shape == (64, 16)
+    assert torch.all(mg["embedding.word_embeddings.weight"][50:] == 0)
+    assert ("output_layer.weight" in mg) is not tied
+    assert any("layer_norm_weight" in k for k in mg) is te_names
+    back = megatron_to_hf(mg, shape, te_names=te_names)
+    assert back.keys() == hf.keys()
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor), name
+
+
+@pytest.mark.parametrize("tp", [2])
+def test_tensor_parallel_shards_gather_back_exactly(tp):
+    mg = hf_to_megatron(random_hf_state(SHAPE), SHAPE, pad_vocab_size(50, 16, tp))
+    shards = [shard_tensor_parallel(mg, SHAPE, tp, r) for r in range(tp)]
+    qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
+    assert shards[0][qkv].shape[0] == mg[qkv].shape[0] // tp  # one query group per rank
+    fc1 = shards[1]["decoder.layers.0.mlp.linear_fc1.weight"]
+    gate, up = torch.chunk(mg["decoder.layers.0.mlp.linear_fc1.weight"], 2)
+    assert torch.equal(fc1, torch.cat([gate[12:], up[12:]]))  # each rank holds its half of gate and of up
+    assert shards[0]["decoder.layers.0.mlp.linear_fc2.weight"].shape == (16, 12)
+    gathered = gather_tensor_parallel(shards)
+    assert all(torch.equal(gathered[k], mg[k]) for k in mg)
+    with pytest.raises(ValueError, match="must divide"):
+        shard_tensor_parallel(mg, SHAPE, 3, 0)
+
+
+def test_weight_buckets_stream_every_hf_tensor_within_size():
+    shape = Qwen2Shape(**{**SHAPE.__dict__, "tie_word_embeddings": True})
+    hf = random_hf_state(shape)
+    mg = hf_to_megatron(hf, shape, 64)
+    buckets = list(iter_hf_weight_buckets(mg, shape, bucket_bytes=4096))
+    names = [n for b in buckets for n, _ in b]
+    assert sorted(names) == sorted(k for k in hf if k != "lm_head.weight")
+    for bucket in buckets:
+        size = sum(t.numel() * t.element_size() for _, t in bucket)
+        assert size <= 4096 or len(bucket) == 1
+
+
+def test_missing_tensor_is_named():
+    hf = random_hf_state(SHAPE)
+    del hf["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(KeyError, match="model.layers.1.mlp.up_proj.weight"):
+        hf_to_megatron(hf, SHAPE, 64)
