@@ -1,0 +1,17 @@
+# Qwen2.5-0.5B: Megatron model flags (slime's names). Source this file, then pass "${MODEL_ARGS[@]}".
+MODEL_ARGS=(
+   --swiglu
+   --num-layers 24
+   --hidden-size 896
+   --ffn-hidden-size 4864
+   --num-attention-heads 14
+   --group-query-attention
+   --num-query-groups 2
+   --use-rotary-position-embeddings
+   --disable-bias-linear
+   --add-qkv-bias
+   --normalization "RMSNorm"
+   --norm-epsilon 1e-6
+   --rotary-base 1000000
+   --vocab-size 151936
+)

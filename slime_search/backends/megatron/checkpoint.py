@@ -1,0 +1,66 @@
+"""torch_dist checkpoints (Megatron's distributed checkpoint format) of the model: save, load, resharding.
+
+A checkpoint directory holds `iter_XXXXXXX/` folders and `latest_checkpointed_iteration.txt`, as Megatron and
+slime lay them out. torch_dist stores each tensor with its global shape, so a checkpoint saved at one
+tensor-parallel size loads at another. The tracker file is written last, after the iteration folder is
+complete, so a crash mid-save never makes a half-written checkpoint the latest one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def iteration_dir(root: str | Path, iteration: int) -> Path:
+    return Path(root) / f"iter_{iteration:07d}"
+
+
+def latest_iteration(root: str | Path) -> int | None:
+    tracker = Path(root) / TRACKER
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    return 0 if text == "release" else int(text)
+
+
+def save_model(model, root: str | Path, iteration: int) -> Path:
+    """Collective: every rank calls it. Returns the iteration folder."""
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    target = iteration_dir(root, iteration)
+    if dist.get_rank() == 0:
+        target.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save(model.sharded_state_dict(prefix=""), str(target))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        tmp = Path(root) / (TRACKER + ".tmp")
+        tmp.write_text(str(iteration))
+        os.replace(tmp, Path(root) / TRACKER)
+    dist.barrier()
+    return target
+
+
+def load_model(model, root: str | Path, iteration: int | None = None) -> int:
+    """Collective: load the given (default: latest) iteration into `model`; returns the iteration loaded."""
+    from megatron.core import dist_checkpointing
+
+    if iteration is None:
+        iteration = latest_iteration(root)
+        if iteration is None:
+            raise FileNotFoundError(f"no {TRACKER} in {root}: not a torch_dist checkpoint directory")
+    folder = iteration_dir(root, iteration)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
+    state = dist_checkpointing.load(model.sharded_state_dict(prefix=""), str(folder))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise KeyError(
+            f"checkpoint {folder} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    return iteration
