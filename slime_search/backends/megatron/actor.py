@@ -1,0 +1,112 @@
+"""The Megatron actor of one rank: log-probs and GRPO/SFT training steps over packed, token-budgeted micro-batches.
+
+Each rank holds a tensor-parallel shard of the model and its data-parallel share of the batch. A step walks
+micro-batches of at most `max_tokens_per_micro_batch` tokens, backpropagates each micro-batch's loss normalised
+by the global token / sequence counts (so accumulation reproduces the full-batch loss), reduces gradients with
+Megatron DDP and steps the optimizer once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from slime_search.backends.megatron.logprobs import token_log_probs
+from slime_search.backends.megatron.loss import LossConfig, TrainSample, micro_batch_loss, response_logits_and_targets
+from slime_search.backends.megatron.optimizer import OptimConfig, build_optimizer
+from slime_search.backends.megatron.packing import PackedBatch, pack, split_by_token_budget
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    max_tokens_per_micro_batch: int = 4096
+
+
+class MegatronActor:
+    def __init__(self, model, config: ActorConfig, params_dtype: torch.dtype = torch.float32):
+        """`model`: a GPTModel on this rank, weights loaded; model-parallel state initialised."""
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        self.config = config
+        self.model = DistributedDataParallel(
+            config=model.config,
+            ddp_config=DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True,
+                overlap_grad_reduce=False,
+                use_distributed_optimizer=config.optim.use_distributed_optimizer,
+            ),
+            module=model,
+        )
+        self.optimizer = build_optimizer(self.model, config.optim, params_dtype)
+
+    # ---- forward ------------------------------------------------------------------------------------------
+    def _logits(self, packed: PackedBatch) -> torch.Tensor:
+        from slime_search.backends.megatron import cpu_compat
+
+        if cpu_compat.is_active():
+            return self.model(packed.input_ids, packed.position_ids, attention_mask=packed.attention_mask())
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        cu = packed.cu_seqlens.cuda()
+        longest = max(packed.lengths)
+        params = PackedSeqParams(
+            qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
+        )
+        return self.model(
+            packed.input_ids.cuda(), packed.position_ids.cuda(), attention_mask=None, packed_seq_params=params
+        )
+
+    def _micro_batches(self, samples: list[TrainSample]) -> list[list[int]]:
+        return split_by_token_budget([len(s.tokens) for s in samples], self.config.max_tokens_per_micro_batch)
+
+    @torch.no_grad()
+    def compute_log_probs(self, samples: list[TrainSample]) -> list[list[float]]:
+        """Per-sample response log-probs at the rollout temperature (for old-policy and reference log-probs)."""
+        self.model.eval()
+        out: list[list[float]] = [[] for _ in samples]
+        for indices in self._micro_batches(samples):
+            batch = [samples[i] for i in indices]
+            packed = pack([s.tokens for s in batch], [s.response_length for s in batch])
+            rows, targets = response_logits_and_targets(self._logits(packed), packed)
+            values = token_log_probs(rows, targets, self.config.loss.temperature, self.config.loss.vocab_size).cpu()
+            for i, part in zip(indices, torch.split(values, packed.response_lengths), strict=True):
+                out[i] = part.tolist()
+        return out
+
+    # ---- training -----------------------------------------------------------------------------------------
+    def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One optimizer step on this rank's samples (the data-parallel share of the global batch)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        counts = torch.tensor([sum(sum(s.loss_mask) for s in samples), len(samples)], dtype=torch.float64)
+        dp_size = parallel_state.get_data_parallel_world_size()
+        if dp_size > 1:
+            dist.all_reduce(counts, group=parallel_state.get_data_parallel_group())
+        num_tokens, num_sequences = float(counts[0]), int(counts[1])
+        totals: dict[str, float] = {}
+        for indices in self._micro_batches(samples):
+            batch = [samples[i] for i in indices]
+            packed = pack([s.tokens for s in batch], [s.response_length for s in batch])
+            loss, metrics = micro_batch_loss(
+                self._logits(packed), packed, batch, self.config.loss, num_tokens, num_sequences
+            )
+            # DDP averages gradients over data-parallel ranks; the loss is already a global-batch sum.
+            (loss * dp_size).backward()
+            totals["loss"] = totals.get("loss", 0.0) + float(loss)
+            for name, value in metrics.items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+        self.model.finish_grad_sync()
+        applied, grad_norm = self.optimizer.step()
+        totals.update(grad_norm=grad_norm, step_applied=float(applied))
+        return totals
+
+    def local_state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's shard of the weights, Megatron names (for gathering into HF weights)."""
+        return {k: v for k, v in self.model.module.state_dict().items() if not k.endswith("_extra_state")}

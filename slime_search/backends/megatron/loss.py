@@ -1,0 +1,127 @@
+"""The training loss of one packed micro-batch, from the model's logits: wiring of the pure algo functions.
+
+Response token t of a sample is predicted by the logits one position earlier, so a sample ending at packed
+position e with r response tokens reads logits[e - r - 1 : e - 1] against tokens[e - r : e].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from slime_search.algo import expand_to_tokens, kl_estimate, policy_loss, reduce_loss, vanilla_tis_weights
+from slime_search.backends.megatron.logprobs import entropy, token_log_probs
+from slime_search.backends.megatron.packing import PackedBatch
+
+LOSS_TYPES = ("policy_loss", "sft")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    loss_type: str = "policy_loss"
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.28
+    eps_clip_c: float | None = None
+    kl_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    reduction: str = "sequence_mean"
+    use_tis: bool = False
+    tis_cap: float = 2.0
+    temperature: float = 1.0
+    vocab_size: int | None = None  # the real vocabulary: Megatron's padding columns are excluded
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"unknown --loss-type {self.loss_type!r}; valid: {', '.join(LOSS_TYPES)}")
+
+
+@dataclass
+class TrainSample:
+    """What the trainer needs of a rollout sample; per-token lists cover the response only."""
+
+    tokens: list[int]
+    response_length: int
+    loss_mask: list[int]
+    advantage: float = 0.0
+    rollout_log_probs: list[float] | None = None
+    old_log_probs: list[float] | None = None
+    ref_log_probs: list[float] | None = None
+
+
+def response_logits_and_targets(logits: torch.Tensor, packed: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits rows predicting every response token of the micro-batch, and those tokens, concatenated."""
+    rows = [logits[0, s.start - 1 : s.stop - 1] for s in packed.response_slices()]
+    targets = [packed.input_ids[0, s] for s in packed.response_slices()]
+    return torch.cat(rows), torch.cat(targets)
+
+
+def _packed(values: list[list[float] | None], samples: list[TrainSample], name: str) -> torch.Tensor:
+    if any(v is None for v in values):
+        raise ValueError(f"{name} missing for some samples")
+    for v, s in zip(values, samples, strict=True):
+        if len(v) != s.response_length:
+            raise ValueError(f"{name} has {len(v)} entries for a response of {s.response_length} tokens")
+    return torch.tensor([x for v in values for x in v], dtype=torch.float32)
+
+
+def micro_batch_loss(
+    logits: torch.Tensor,
+    packed: PackedBatch,
+    samples: list[TrainSample],
+    config: LossConfig,
+    num_tokens: float,
+    num_sequences: int,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss of this micro-batch normalised by the *global* token / sequence counts, so that summing the
+    micro-batch losses of a step gives the loss of the whole batch; plus detached metric tensors."""
+    rows, targets = response_logits_and_targets(logits, packed)
+    log_probs = token_log_probs(rows, targets, config.temperature, config.vocab_size)
+    lengths = packed.response_lengths
+    mask = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.float32)
+    reduce = dict(num_tokens=num_tokens, num_sequences=num_sequences)
+    metrics: dict[str, torch.Tensor] = {}
+    if config.loss_type == "sft":
+        loss = reduce_loss(-log_probs, mask, lengths, config.reduction, **reduce)
+        return loss, {"sft_loss": loss.detach()}
+
+    old = (
+        _packed([s.old_log_probs for s in samples], samples, "old_log_probs")
+        if samples[0].old_log_probs is not None
+        else log_probs.detach()
+    )
+    advantages = expand_to_tokens(torch.tensor([s.advantage for s in samples], dtype=torch.float32), lengths)
+    pg = policy_loss(log_probs, old, advantages, config.eps_clip, config.eps_clip_high, config.eps_clip_c)
+    per_token = pg.loss
+    if config.use_tis:
+        rollout = _packed([s.rollout_log_probs for s in samples], samples, "rollout_log_probs")
+        weights = vanilla_tis_weights(old, rollout, config.tis_cap)
+        per_token = per_token * weights
+        metrics["tis_weight_mean"] = reduce_loss(weights, mask, lengths, config.reduction, **reduce)
+    loss = reduce_loss(per_token, mask, lengths, config.reduction, **reduce)
+    metrics["pg_loss"] = loss.detach()
+    metrics["pg_clipfrac"] = reduce_loss(pg.clipped, mask, lengths, config.reduction, **reduce)
+    metrics["train_rollout_logprob_abs_diff"] = (
+        reduce_loss(
+            (old - _packed([s.rollout_log_probs for s in samples], samples, "rollout_log_probs")).abs(),
+            mask,
+            lengths,
+            config.reduction,
+            **reduce,
+        )
+        if samples[0].rollout_log_probs is not None
+        else torch.zeros(())
+    )
+    if config.kl_coef:
+        ref = _packed([s.ref_log_probs for s in samples], samples, "ref_log_probs")
+        kl = reduce_loss(kl_estimate(log_probs, ref, config.kl_loss_type), mask, lengths, config.reduction, **reduce)
+        loss = loss + config.kl_coef * kl
+        metrics["kl_loss"] = kl.detach()
+    if config.entropy_coef:
+        ent = reduce_loss(
+            entropy(rows, config.temperature, config.vocab_size), mask, lengths, config.reduction, **reduce
+        )
+        loss = loss - config.entropy_coef * ent
+        metrics["entropy"] = ent.detach()
+    return loss, metrics

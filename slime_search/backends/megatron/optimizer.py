@@ -1,0 +1,143 @@
+"""Optimizer for the Megatron actor: Megatron's (optionally distributed) optimizer on GPU, plain Adam on CPU.
+
+Megatron's optimizer wrappers allocate CUDA tensors, so on CPU a torch Adam steps the parameters, reading the
+gradients Megatron DDP accumulated in `param.main_grad`; clipping uses the global gradient norm with every
+tensor-parallel shard counted once and replicated parameters not double-counted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_warmup_iters: int = 0
+    lr_decay_iters: int | None = None
+    lr_decay_style: str = "constant"  # constant | linear | cosine
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    use_distributed_optimizer: bool = False
+
+
+def learning_rate(step: int, config: OptimConfig) -> float:
+    """Linear warm-up to lr, then constant, linear or cosine decay to min_lr over lr_decay_iters."""
+    if config.lr_warmup_iters and step < config.lr_warmup_iters:
+        return config.lr * (step + 1) / config.lr_warmup_iters
+    if config.lr_decay_style == "constant" or not config.lr_decay_iters:
+        return config.lr
+    progress = min(1.0, (step - config.lr_warmup_iters) / max(1, config.lr_decay_iters - config.lr_warmup_iters))
+    if config.lr_decay_style == "linear":
+        factor = 1.0 - progress
+    elif config.lr_decay_style == "cosine":
+        factor = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        raise ValueError(f"unknown --lr-decay-style {config.lr_decay_style!r}; valid: constant, linear, cosine")
+    return config.min_lr + (config.lr - config.min_lr) * factor
+
+
+class CpuAdam:
+    def __init__(self, model, config: OptimConfig):
+        self.config = config
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.adam = torch.optim.AdamW(
+            self.params,
+            lr=config.lr,
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+        self.iteration = 0
+
+    def zero_grad(self) -> None:
+        self.adam.zero_grad(set_to_none=True)
+
+    def grad_norm(self) -> float:
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        squares = torch.zeros(())
+        for p in self.params:
+            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p):
+                squares += p.grad.float().square().sum()
+        if parallel_state.get_tensor_model_parallel_world_size() > 1:
+            dist.all_reduce(squares, group=parallel_state.get_tensor_model_parallel_group())
+        return float(squares.sqrt())
+
+    def step(self) -> tuple[bool, float]:
+        """Adam step on the DDP-reduced gradients; returns (applied, grad norm before clipping)."""
+        for p in self.params:
+            p.grad = getattr(p, "main_grad", p.grad)
+        norm = self.grad_norm()
+        if not math.isfinite(norm):
+            return False, norm
+        if self.config.clip_grad and norm > self.config.clip_grad:
+            scale = self.config.clip_grad / (norm + 1e-6)
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        for group in self.adam.param_groups:
+            group["lr"] = learning_rate(self.iteration, self.config)
+        self.adam.step()
+        self.iteration += 1
+        return True, norm
+
+    def state_dict(self) -> dict:
+        return {"adam": self.adam.state_dict(), "iteration": self.iteration}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.adam.load_state_dict(state["adam"])
+        self.iteration = state["iteration"]
+
+
+class GpuOptimizer:
+    """Megatron's optimizer (distributed when configured) with the same step() contract as CpuAdam."""
+
+    def __init__(self, ddp_model, config: OptimConfig, params_dtype: torch.dtype):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        self.config = config
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=config.lr,
+                min_lr=config.min_lr,
+                weight_decay=config.weight_decay,
+                adam_beta1=config.adam_beta1,
+                adam_beta2=config.adam_beta2,
+                adam_eps=config.adam_eps,
+                clip_grad=config.clip_grad,
+                bf16=params_dtype == torch.bfloat16,
+                params_dtype=params_dtype,
+                use_distributed_optimizer=config.use_distributed_optimizer,
+            ),
+            [ddp_model],
+        )
+        self.iteration = 0
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def step(self) -> tuple[bool, float]:
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.iteration, self.config)
+        applied, norm, _ = self.optimizer.step()
+        self.iteration += 1
+        return bool(applied), float(norm or 0.0)
+
+
+def build_optimizer(ddp_model, config: OptimConfig, params_dtype: torch.dtype):
+    from slime_search.backends.megatron import cpu_compat
+
+    if cpu_compat.is_active():
+        return CpuAdam(ddp_model, config)
+    return GpuOptimizer(ddp_model, config, params_dtype)
