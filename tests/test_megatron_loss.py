@@ -95,3 +95,33 @@ def test_padded_vocabulary_columns_are_excluded():
     assert not torch.allclose(token_log_probs(padded, targets), expected)  # what leaving them in does
     p = torch.softmax(real, -1)
     torch.testing.assert_close(entropy(padded, vocab_size=10), -(p * p.log()).sum(-1))
+
+
+def test_mis_weights_and_mask_enter_the_policy_loss():
+    from slime_search.algo import ISConfig
+
+    samples, packed, logits = make_batch()
+    rows, targets = response_logits_and_targets(logits.detach(), packed)
+    on_policy = torch.log_softmax(rows, -1).gather(-1, targets[:, None]).squeeze(-1).tolist()
+    samples[0].old_log_probs, samples[1].old_log_probs = on_policy[:4], on_policy[4:]
+    for s in samples:
+        s.rollout_log_probs = list(s.old_log_probs)
+    # old == rollout: every weight is 1 and nothing is masked, so MIS leaves the loss as it is
+    base, _ = micro_batch_loss(logits, packed, samples, LossConfig(), num_tokens=4, num_sequences=2)
+    same, metrics = micro_batch_loss(
+        logits, packed, samples, LossConfig(mis=ISConfig(mode="mask")), num_tokens=4, num_sequences=2
+    )
+    assert same.item() == pytest.approx(base.item()) and metrics["mis_mask_kept_fraction"].item() == 1.0
+    # a rollout log-prob 3 nats below the trainer's (ratio e^3 > 2) takes that token out of the loss:
+    # sample 2 then averages over its second token only
+    samples[1].rollout_log_probs = [on_policy[4] - 3.0, on_policy[5]]
+    masked, metrics = micro_batch_loss(
+        logits, packed, samples, LossConfig(mis=ISConfig(mode="mask")), num_tokens=4, num_sequences=2
+    )
+    assert metrics["mis_mask_kept_fraction"].item() == pytest.approx(3 / 4)
+    # per-token surrogate at ratio 1 is -A: sample 1 -> -1, sample 2 -> +0.5 either way; the mean is unchanged,
+    # but the masked token now gets no gradient
+    masked.backward()
+    assert logits.grad[0, 6].abs().sum() == 0 and logits.grad[0, 7].abs().sum() > 0
+    with pytest.raises(ValueError, match="not both"):
+        LossConfig(use_tis=True, mis=ISConfig())

@@ -49,10 +49,20 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
     old = actor.compute_log_probs(samples)
     for sample, lp in zip(samples, old, strict=True):
         sample.old_log_probs = lp
-    history = [actor.train_step(samples) for _ in range(4)]
+    history = [actor.train_step(samples) for _ in range(2)]
+    # checkpoint after 2 steps, continue 2 more; then a fresh actor resumes from the checkpoint
+    from slime_search.backends.megatron.checkpoint import load_actor, save_actor
+
+    save_dir = out_path + ".ckpt"
+    save_actor(actor, save_dir, iteration=2)
+    history += [actor.train_step(samples) for _ in range(2)]
+    fresh = build_gpt_model(shape, options)
+    resumed = MegatronActor(fresh, config)
+    assert load_actor(resumed, save_dir) == 2
+    after_resume = [resumed.train_step(samples) for _ in range(2)]
     if rank == 0:
         with open(out_path, "w") as handle:
-            json.dump({"history": history, "old": old}, handle)
+            json.dump({"history": history, "old": old, "resumed": after_resume}, handle)
     shutdown()
 
 
@@ -73,6 +83,9 @@ def test_grpo_steps_lower_the_loss_and_match_across_tp(tiny_checkpoint, tmp_path
     assert losses1[-1] < losses1[0] - 1e-3 and all(b <= a + 1e-6 for a, b in zip(losses1, losses1[1:], strict=False))
     assert losses2 == pytest.approx(losses1, abs=1e-5)
     assert [h["grad_norm"] for h in tp2["history"]] == pytest.approx([h["grad_norm"] for h in tp1["history"]], rel=1e-4)
+    # resuming from the step-2 checkpoint (model + Adam state) reproduces steps 3 and 4
+    for run_ in (tp1, tp2):
+        assert [h["loss"] for h in run_["resumed"]] == pytest.approx([h["loss"] for h in run_["history"][2:]], abs=1e-6)
     # the actor's log-probs are HF's at T = 1 on the same tokens
     hf = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
     for sample, lp in zip(fixed_batch(), tp2["old"], strict=True):

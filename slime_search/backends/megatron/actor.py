@@ -90,12 +90,13 @@ class MegatronActor:
         if dp_size > 1:
             dist.all_reduce(counts, group=parallel_state.get_data_parallel_group())
         num_tokens, num_sequences = float(counts[0]), int(counts[1])
+        is_normalizer = self._mis_normalizer(samples)
         totals: dict[str, float] = {}
         for indices in self._micro_batches(samples):
             batch = [samples[i] for i in indices]
             packed = pack([s.tokens for s in batch], [s.response_length for s in batch])
             loss, metrics = micro_batch_loss(
-                self._logits(packed), packed, batch, self.config.loss, num_tokens, num_sequences
+                self._logits(packed), packed, batch, self.config.loss, num_tokens, num_sequences, is_normalizer
             )
             # DDP averages gradients over data-parallel ranks; the loss is already a global-batch sum.
             (loss * dp_size).backward()
@@ -106,6 +107,29 @@ class MegatronActor:
         applied, grad_norm = self.optimizer.step()
         totals.update(grad_norm=grad_norm, step_applied=float(applied))
         return totals
+
+    def _mis_normalizer(self, samples: list[TrainSample]) -> torch.Tensor | None:
+        """(sum, count) of the MIS weights over the global batch: every micro-batch and data-parallel rank."""
+        mis = self.config.loss.mis
+        if mis is None or not mis.batch_normalize:
+            return None
+        import dataclasses
+
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        from slime_search.algo import compute_is_weights, is_batch_stats
+
+        raw = dataclasses.replace(mis, batch_normalize=False)
+        lengths = [s.response_length for s in samples]
+        old = torch.tensor([x for s in samples for x in s.old_log_probs])
+        rollout = torch.tensor([x for s in samples for x in s.rollout_log_probs])
+        mask = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.float32)
+        result = compute_is_weights(old, rollout, mask, lengths, raw)
+        stats = is_batch_stats(result.weights, result.mask, lengths, mis.level).double()
+        if parallel_state.get_data_parallel_world_size() > 1:
+            dist.all_reduce(stats, group=parallel_state.get_data_parallel_group())
+        return stats.float()
 
     def local_state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's shard of the weights, Megatron names (for gathering into HF weights)."""

@@ -64,3 +64,39 @@ def load_model(model, root: str | Path, iteration: int | None = None) -> int:
             f"checkpoint {folder} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
     return iteration
+
+
+def _optimizer_file(root: str | Path, iteration: int) -> Path:
+    import torch.distributed as dist
+
+    return iteration_dir(root, iteration) / f"optimizer_rank{dist.get_rank():05d}.pt"
+
+
+def save_actor(actor, root: str | Path, iteration: int) -> Path:
+    """Model (torch_dist, reshardable) and optimizer state (per rank, same parallel layout to resume).
+
+    The optimizer files are written before the model and the tracker, so the tracker only ever names a
+    complete iteration.
+    """
+    import torch
+    import torch.distributed as dist
+
+    folder = iteration_dir(root, iteration)
+    if dist.get_rank() == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    if hasattr(actor.optimizer, "state_dict"):
+        torch.save(actor.optimizer.state_dict(), _optimizer_file(root, iteration))
+    return save_model(actor.model.module, root, iteration)
+
+
+def load_actor(actor, root: str | Path, iteration: int | None = None, load_optimizer: bool = True) -> int:
+    import torch
+
+    iteration = load_model(actor.model.module, root, iteration)
+    path = _optimizer_file(root, iteration)
+    if load_optimizer and hasattr(actor.optimizer, "load_state_dict"):
+        if not path.is_file():
+            raise FileNotFoundError(f"no optimizer state {path}: resume needs the parallel layout it was saved with")
+        actor.optimizer.load_state_dict(torch.load(path, weights_only=False))
+    return iteration

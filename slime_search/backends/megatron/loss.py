@@ -10,7 +10,15 @@ from dataclasses import dataclass
 
 import torch
 
-from slime_search.algo import expand_to_tokens, kl_estimate, policy_loss, reduce_loss, vanilla_tis_weights
+from slime_search.algo import (
+    ISConfig,
+    compute_is_weights,
+    expand_to_tokens,
+    kl_estimate,
+    policy_loss,
+    reduce_loss,
+    vanilla_tis_weights,
+)
 from slime_search.backends.megatron.logprobs import entropy, token_log_probs
 from slime_search.backends.megatron.packing import PackedBatch
 
@@ -27,14 +35,17 @@ class LossConfig:
     kl_loss_type: str = "low_var_kl"
     entropy_coef: float = 0.0
     reduction: str = "sequence_mean"
-    use_tis: bool = False
+    use_tis: bool = False  # vanilla TIS: clamp(exp(old - rollout), 0, tis_cap)
     tis_cap: float = 2.0
+    mis: ISConfig | None = None  # the general form (levels, modes, rejection, veto, batch normalisation)
     temperature: float = 1.0
     vocab_size: int | None = None  # the real vocabulary: Megatron's padding columns are excluded
 
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"unknown --loss-type {self.loss_type!r}; valid: {', '.join(LOSS_TYPES)}")
+        if self.use_tis and self.mis is not None:
+            raise ValueError("choose vanilla TIS (--use-tis) or the general MIS configuration, not both")
 
 
 @dataclass
@@ -73,9 +84,13 @@ def micro_batch_loss(
     config: LossConfig,
     num_tokens: float,
     num_sequences: int,
+    is_normalizer: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss of this micro-batch normalised by the *global* token / sequence counts, so that summing the
-    micro-batch losses of a step gives the loss of the whole batch; plus detached metric tensors."""
+    micro-batch losses of a step gives the loss of the whole batch; plus detached metric tensors.
+
+    `is_normalizer`: the (sum, count) of MIS weights over the global batch, for batch normalisation.
+    """
     rows, targets = response_logits_and_targets(logits, packed)
     log_probs = token_log_probs(rows, targets, config.temperature, config.vocab_size)
     lengths = packed.response_lengths
@@ -93,13 +108,18 @@ def micro_batch_loss(
     )
     advantages = expand_to_tokens(torch.tensor([s.advantage for s in samples], dtype=torch.float32), lengths)
     pg = policy_loss(log_probs, old, advantages, config.eps_clip, config.eps_clip_high, config.eps_clip_c)
-    per_token = pg.loss
+    per_token, pg_mask = pg.loss, mask
     if config.use_tis:
         rollout = _packed([s.rollout_log_probs for s in samples], samples, "rollout_log_probs")
         weights = vanilla_tis_weights(old, rollout, config.tis_cap)
         per_token = per_token * weights
         metrics["tis_weight_mean"] = reduce_loss(weights, mask, lengths, config.reduction, **reduce)
-    loss = reduce_loss(per_token, mask, lengths, config.reduction, **reduce)
+    elif config.mis is not None:
+        rollout = _packed([s.rollout_log_probs for s in samples], samples, "rollout_log_probs")
+        result = compute_is_weights(old, rollout, mask, lengths, config.mis, normalize_with=is_normalizer)
+        per_token, pg_mask = per_token * result.weights, result.mask
+        metrics.update({f"mis_{k}": v for k, v in result.metrics.items()})
+    loss = reduce_loss(per_token, pg_mask, lengths, config.reduction, **reduce)
     metrics["pg_loss"] = loss.detach()
     metrics["pg_clipfrac"] = reduce_loss(pg.clipped, mask, lengths, config.reduction, **reduce)
     metrics["train_rollout_logprob_abs_diff"] = (
