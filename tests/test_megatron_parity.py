@@ -45,3 +45,32 @@ def test_megatron_logits_match_hf(tiny_checkpoint, tmp_path, tp):
     assert megatron_logits.shape == hf_logits.shape
     # float32 on CPU; TP=2 sums partial products in a different order, hence a tolerance rather than equality
     assert (megatron_logits - hf_logits).abs().max().item() < 1e-4
+
+
+@pytest.mark.gpu
+def test_transformer_engine_spec_in_bf16_matches_hf_on_gpu(tiny_checkpoint, tmp_path):
+    import importlib.util
+
+    if not torch.cuda.is_available() or importlib.util.find_spec("transformer_engine") is None:
+        pytest.skip("needs a CUDA GPU with TransformerEngine (pip install -e '.[gpu]')")
+    from transformers import AutoModelForCausalLM
+
+    from megatron_bridge import Qwen2Shape
+    from slime_search.backends.megatron.distributed import init_megatron, shutdown
+    from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights, uses_te_names
+
+    init_megatron(0, 1, tp_size=1, master_port=free_port())
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16).cuda().eval()
+        shape = Qwen2Shape.from_hf_config(hf.config)
+        options = ModelOptions.from_hf_config(hf.config, params_dtype=torch.bfloat16)
+        model = build_gpt_model(shape, options).cuda().eval()
+        assert uses_te_names(model)
+        load_hf_weights(model, {k: v.float() for k, v in hf.state_dict().items()}, shape, options)
+        ids = torch.randint(0, 151_000, (1, 64), device="cuda")
+        with torch.no_grad():
+            ours = model(ids, torch.arange(64, device="cuda")[None], attention_mask=None)[..., : shape.vocab_size]
+            reference = hf(ids).logits
+        assert (ours.float() - reference.float()).abs().max().item() < 5e-2  # bf16
+    finally:
+        shutdown()

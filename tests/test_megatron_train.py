@@ -60,9 +60,24 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
     resumed = MegatronActor(fresh, config)
     assert load_actor(resumed, save_dir) == 2
     after_resume = [resumed.train_step(samples) for _ in range(2)]
+    from slime_search.backends.megatron.actor import ReferenceModel
+
+    reference = build_gpt_model(shape, options)
+    load_hf_weights(reference, hf.state_dict(), shape, options)
+    ref_log_probs = ReferenceModel(reference, config).compute_log_probs(samples)
+    trained_log_probs = actor.compute_log_probs(samples)
     if rank == 0:
         with open(out_path, "w") as handle:
-            json.dump({"history": history, "old": old, "resumed": after_resume}, handle)
+            json.dump(
+                {
+                    "history": history,
+                    "old": old,
+                    "resumed": after_resume,
+                    "ref": ref_log_probs,
+                    "trained": trained_log_probs,
+                },
+                handle,
+            )
     shutdown()
 
 
@@ -86,6 +101,15 @@ def test_grpo_steps_lower_the_loss_and_match_across_tp(tiny_checkpoint, tmp_path
     # resuming from the step-2 checkpoint (model + Adam state) reproduces steps 3 and 4
     for run_ in (tp1, tp2):
         assert [h["loss"] for h in run_["resumed"]] == pytest.approx([h["loss"] for h in run_["history"][2:]], abs=1e-6)
+    # the reference (frozen initial weights) reproduces the initial log-probs; the trained policy moved away
+    for run_ in (tp1, tp2):
+        assert [x for lp in run_["ref"] for x in lp] == pytest.approx([x for lp in run_["old"] for x in lp], abs=1e-6)
+        assert (
+            max(
+                abs(a - b) for t, o in zip(run_["trained"], run_["old"], strict=True) for a, b in zip(t, o, strict=True)
+            )
+            > 1e-2
+        )
     # the actor's log-probs are HF's at T = 1 on the same tokens
     hf = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
     for sample, lp in zip(fixed_batch(), tp2["old"], strict=True):

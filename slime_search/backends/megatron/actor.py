@@ -25,6 +25,49 @@ class ActorConfig:
     max_tokens_per_micro_batch: int = 4096
 
 
+def _forward(model, packed: PackedBatch) -> torch.Tensor:
+    """Logits of a packed row: block-diagonal causal mask on CPU, THD packed sequences on GPU."""
+    from slime_search.backends.megatron import cpu_compat
+
+    if cpu_compat.is_active():
+        return model(packed.input_ids, packed.position_ids, attention_mask=packed.attention_mask())
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = packed.cu_seqlens.cuda()
+    longest = max(packed.lengths)
+    params = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
+    )
+    return model(packed.input_ids.cuda(), packed.position_ids.cuda(), attention_mask=None, packed_seq_params=params)
+
+
+@torch.no_grad()
+def packed_log_probs(forward, samples: list[TrainSample], config: ActorConfig) -> list[list[float]]:
+    """Response log-probs of every sample, micro-batch by micro-batch."""
+    out: list[list[float]] = [[] for _ in samples]
+    for indices in split_by_token_budget([len(s.tokens) for s in samples], config.max_tokens_per_micro_batch):
+        batch = [samples[i] for i in indices]
+        packed = pack([s.tokens for s in batch], [s.response_length for s in batch])
+        rows, targets = response_logits_and_targets(forward(packed), packed)
+        values = token_log_probs(rows, targets, config.loss.temperature, config.loss.vocab_size).cpu()
+        for i, part in zip(indices, torch.split(values, packed.response_lengths), strict=True):
+            out[i] = part.tolist()
+    return out
+
+
+class ReferenceModel:
+    """A frozen copy of the initial policy for the KL term (`--ref-load`): forward only, no gradients."""
+
+    def __init__(self, model, config: ActorConfig):
+        self.model = model.eval()
+        for param in self.model.parameters():
+            param.requires_grad_(False)
+        self.config = config
+
+    def compute_log_probs(self, samples: list[TrainSample]) -> list[list[float]]:
+        return packed_log_probs(lambda p: _forward(self.model, p), samples, self.config)
+
+
 class MegatronActor:
     def __init__(self, model, config: ActorConfig, params_dtype: torch.dtype = torch.float32):
         """`model`: a GPTModel on this rank, weights loaded; model-parallel state initialised."""
@@ -42,39 +85,16 @@ class MegatronActor:
         )
         self.optimizer = build_optimizer(self.model, config.optim, params_dtype)
 
-    # ---- forward ------------------------------------------------------------------------------------------
     def _logits(self, packed: PackedBatch) -> torch.Tensor:
-        from slime_search.backends.megatron import cpu_compat
-
-        if cpu_compat.is_active():
-            return self.model(packed.input_ids, packed.position_ids, attention_mask=packed.attention_mask())
-        from megatron.core.packed_seq_params import PackedSeqParams
-
-        cu = packed.cu_seqlens.cuda()
-        longest = max(packed.lengths)
-        params = PackedSeqParams(
-            qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
-        )
-        return self.model(
-            packed.input_ids.cuda(), packed.position_ids.cuda(), attention_mask=None, packed_seq_params=params
-        )
+        return _forward(self.model, packed)
 
     def _micro_batches(self, samples: list[TrainSample]) -> list[list[int]]:
         return split_by_token_budget([len(s.tokens) for s in samples], self.config.max_tokens_per_micro_batch)
 
-    @torch.no_grad()
     def compute_log_probs(self, samples: list[TrainSample]) -> list[list[float]]:
-        """Per-sample response log-probs at the rollout temperature (for old-policy and reference log-probs)."""
+        """Per-sample response log-probs at the rollout temperature (the old policy's, before a step)."""
         self.model.eval()
-        out: list[list[float]] = [[] for _ in samples]
-        for indices in self._micro_batches(samples):
-            batch = [samples[i] for i in indices]
-            packed = pack([s.tokens for s in batch], [s.response_length for s in batch])
-            rows, targets = response_logits_and_targets(self._logits(packed), packed)
-            values = token_log_probs(rows, targets, self.config.loss.temperature, self.config.loss.vocab_size).cpu()
-            for i, part in zip(indices, torch.split(values, packed.response_lengths), strict=True):
-                out[i] = part.tolist()
-        return out
+        return packed_log_probs(lambda p: _forward(self.model, p), samples, self.config)
 
     # ---- training -----------------------------------------------------------------------------------------
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:

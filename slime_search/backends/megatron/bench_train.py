@@ -1,0 +1,94 @@
+"""GPU benchmark of a Megatron train step on a Qwen2.5-3B-shaped model (random weights): tokens/s, memory, MFU.
+
+    torchrun --nproc-per-node 2 -m slime_search.backends.megatron.bench_train --tp 2 --steps 5
+    # single GPU:
+    python -m slime_search.backends.megatron.bench_train --tp 1
+
+Each step is a GRPO policy-loss step over packed random sequences (bf16, TransformerEngine spec, distributed
+optimizer). MFU counts 6 x parameters x tokens (forward + backward, attention FLOPs excluded) against the
+card's dense bf16 peak given by --peak-tflops (H100 SXM: 989).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--max-tokens-per-gpu", type=int, default=16384)
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: this benchmark needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from megatron_bridge import Qwen2Shape
+    from megatron_bridge.param_count import count_parameters
+    from slime_search.backends.megatron.actor import ActorConfig, MegatronActor
+    from slime_search.backends.megatron.distributed import free_port, init_megatron
+    from slime_search.backends.megatron.loss import LossConfig, TrainSample
+    from slime_search.backends.megatron.model import ModelOptions, build_gpt_model
+    from slime_search.backends.megatron.optimizer import OptimConfig
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    init_megatron(rank, world, tp_size=args.tp, master_port=int(os.environ.get("MASTER_PORT", free_port())))
+    shape = Qwen2Shape(36, 2048, 16, 2, 11008, 151936, True)
+    options = ModelOptions(params_dtype=torch.bfloat16, sequence_parallel=args.tp > 1)
+    model = build_gpt_model(shape, options).cuda()
+    config = ActorConfig(
+        loss=LossConfig(vocab_size=shape.vocab_size),
+        optim=OptimConfig(lr=1e-6, use_distributed_optimizer=True),
+        max_tokens_per_micro_batch=args.max_tokens_per_gpu,
+    )
+    actor = MegatronActor(model, config, params_dtype=torch.bfloat16)
+    rng = random.Random(rank)
+    samples = []
+    for _ in range(args.samples):
+        n = rng.randint(args.seq_len // 2, args.seq_len)
+        response = n // 2
+        samples.append(
+            TrainSample([rng.randrange(shape.vocab_size) for _ in range(n)], response, [1] * response, rng.gauss(0, 1))
+        )
+    tokens = sum(len(s.tokens) for s in samples)
+    actor.train_step(samples)  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        actor.train_step(samples)
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / args.steps
+    tokens_per_s = tokens / seconds
+    params = count_parameters(shape)
+    mfu = 6 * params * tokens_per_s / (args.peak_tflops * 1e12 * args.tp)
+    if rank == 0:
+        print(
+            json.dumps(
+                {
+                    "gpus": world,
+                    "tp": args.tp,
+                    "tokens_per_step_per_dp_rank": tokens,
+                    "step_s": round(seconds, 3),
+                    "tokens_per_s": round(tokens_per_s, 1),
+                    "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                    "mfu": round(mfu, 4),
+                }
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
