@@ -6,14 +6,13 @@ of the encoder is far cheaper than many single-query ones. Requests wait at most
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import numpy as np
+
+from slime_search.utils.batching import WorkerBatcher, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +61,6 @@ class LRUCache:
         return self.hits / total if total else 0.0
 
 
-@dataclass
-class _Pending:
-    queries: list[str]
-    topk: int
-    future: asyncio.Future = field(repr=False)
-
-
 def run_search(search: SearchFn, queries: list[str], topk: int) -> list[Hits]:
     """Search unique queries once, return hits per input query, dropping faiss's -1 padding."""
     unique = list(dict.fromkeys(queries))
@@ -80,86 +72,42 @@ def run_search(search: SearchFn, queries: list[str], topk: int) -> list[Hits]:
     return [by_query[q] for q in queries]
 
 
-class MicroBatcher:
+class MicroBatcher(WorkerBatcher):
+    """Query batches for the retriever: a request of n queries counts n towards the batch size."""
+
     def __init__(self, search: SearchFn, max_batch_size: int = 256, max_wait_s: float = 0.002):
+        super().__init__(max_batch_size, max_wait_s, "retriever", size_of=lambda item: len(item[0]))
         self.search = search
-        self.max_batch_size = max_batch_size
-        self.max_wait_s = max_wait_s
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever")
-        self._worker: asyncio.Task | None = None
-        self.batches = 0
-        self.queries = 0
 
     @property
-    def queue_depth(self) -> int:
-        return self._queue.qsize()
+    def queries(self) -> int:
+        return self.units
 
-    def start(self) -> None:
-        self._worker = asyncio.get_running_loop().create_task(self._run())
+    async def submit(self, queries: list[str], topk: int) -> list[Hits]:  # type: ignore[override]
+        return await super().submit((queries, topk))
 
-    async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+    async def process(self, batch) -> None:
+        topk = max(item[1] for item, _ in batch)
+        queries = [q for item, _ in batch for q in item[0]]
+        try:
+            hits = await self.run_in_worker(run_search, self.search, queries, topk)
+        except Exception:  # noqa: BLE001 - isolate the culprit: each request is retried on its own
+            logger.exception(
+                "batch of %d queries failed; retrying its %d requests one by one", len(queries), len(batch)
+            )
+            await self._run_individually(batch)
+            return
+        start = 0
+        for (request_queries, request_topk), future in batch:
+            part = hits[start : start + len(request_queries)]
+            start += len(request_queries)
+            resolve(future, [h[:request_topk] for h in part])
 
-    async def submit(self, queries: list[str], topk: int) -> list[Hits]:
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(queries, topk, future))
-        return await future
-
-    async def _collect(self) -> list[_Pending]:
-        batch = [await self._queue.get()]
-        size = len(batch[0].queries)
-        deadline = asyncio.get_running_loop().time() + self.max_wait_s
-        while size < self.max_batch_size:
-            if self._queue.empty():
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    break
-                try:
-                    item = await asyncio.wait_for(self._queue.get(), remaining)
-                except TimeoutError:
-                    break
-            else:
-                item = self._queue.get_nowait()
-            batch.append(item)
-            size += len(item.queries)
-        return batch
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._collect()
-            topk = max(p.topk for p in batch)
-            queries = [q for p in batch for q in p.queries]
-            self.batches += 1
-            self.queries += len(queries)
+    async def _run_individually(self, batch) -> None:
+        for (queries, topk), future in batch:
             try:
-                hits = await loop.run_in_executor(self._executor, run_search, self.search, queries, topk)
-            except Exception:  # noqa: BLE001 - isolate the culprit: each request is retried on its own
-                logger.exception(
-                    "batch of %d queries failed; retrying its %d requests one by one", len(queries), len(batch)
-                )
-                await self._run_individually(batch)
-                continue
-            start = 0
-            for pending in batch:
-                part = hits[start : start + len(pending.queries)]
-                start += len(pending.queries)
-                if not pending.future.done():
-                    pending.future.set_result([h[: pending.topk] for h in part])
-
-    async def _run_individually(self, batch: list[_Pending]) -> None:
-        loop = asyncio.get_running_loop()
-        for pending in batch:
-            try:
-                hits = await loop.run_in_executor(
-                    self._executor, run_search, self.search, pending.queries, pending.topk
-                )
+                hits = await self.run_in_worker(run_search, self.search, queries, topk)
             except Exception as err:  # noqa: BLE001 - recorded as this request's failure
-                if not pending.future.done():
-                    pending.future.set_exception(err)
+                resolve(future, error=err)
             else:
-                if not pending.future.done():
-                    pending.future.set_result(hits)
+                resolve(future, hits)

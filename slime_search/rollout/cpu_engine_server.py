@@ -15,12 +15,12 @@ import json
 import logging
 import sys
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from slime_search.rollout.sampling import SamplingParams
+from slime_search.utils.batching import WorkerBatcher, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -87,66 +87,23 @@ def format_result(request, result, return_logprob: bool) -> dict:
     return {"text": result.text, "output_ids": result.output_ids, "meta_info": meta}
 
 
-class GenerationBatcher:
-    """Collects concurrent requests into batches for one worker thread that owns the engine."""
+class GenerationBatcher(WorkerBatcher):
+    """Generation requests batched onto the thread that owns the engine."""
 
     def __init__(self, engine, config: EngineServerConfig):
+        super().__init__(config.max_batch_size, config.max_wait_ms / 1000.0, "engine")
         self.engine = engine
-        self.config = config
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self.task = None
-        self.batches = 0
-        self.requests = 0
 
-    def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-
-    async def submit(self, request):
-        future = asyncio.get_running_loop().create_future()
-        await self.queue.put((request, future))
-        return await future
-
-    async def run_exclusive(self, fn, *args):
-        """Run `fn` on the engine's worker thread, between batches."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self.queue.get()]
-            deadline = loop.time() + self.config.max_wait_ms / 1000.0
-            while len(batch) < self.config.max_batch_size:
-                remaining = deadline - loop.time()
-                if self.queue.empty() and remaining <= 0:
-                    break
-                try:
-                    batch.append(
-                        self.queue.get_nowait()
-                        if not self.queue.empty()
-                        else await asyncio.wait_for(self.queue.get(), remaining)
-                    )
-                except TimeoutError:
-                    break
-            self.batches += 1
-            self.requests += len(batch)
-            requests = [request for request, _ in batch]
-            try:
-                results = await loop.run_in_executor(self.executor, self.engine.generate, requests)
-            except Exception as err:  # noqa: BLE001 - the batch's requests fail; the server carries on
-                logger.exception("generation batch of %d failed", len(batch))
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(err)
-                continue
-            for (_, future), result in zip(batch, results, strict=True):
-                if not future.done():
-                    future.set_result(result)
+    async def process(self, batch) -> None:
+        try:
+            results = await self.run_in_worker(self.engine.generate, [request for request, _ in batch])
+        except Exception as err:  # noqa: BLE001 - the batch's requests fail; the server carries on
+            logger.exception("generation batch of %d failed", len(batch))
+            for _, future in batch:
+                resolve(future, error=err)
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            resolve(future, result)
 
 
 def create_app(engine, config: EngineServerConfig):
@@ -188,8 +145,8 @@ def create_app(engine, config: EngineServerConfig):
             "status": "ok",
             "weight_version": engine.weight_version,
             "batches": batcher.batches,
-            "requests": batcher.requests,
-            "queue_depth": batcher.queue.qsize(),
+            "requests": batcher.units,
+            "queue_depth": batcher.queue_depth,
         }
 
     @app.get("/health_generate")
@@ -215,7 +172,7 @@ def create_app(engine, config: EngineServerConfig):
             raise BadRequest("'model_path' (an HF checkpoint folder) is required")
         version = body.get("weight_version")
         try:
-            new_version = await batcher.run_exclusive(
+            new_version = await batcher.run_in_worker(
                 engine.update_weights_from_disk, path, None if version is None else str(version)
             )
         except (OSError, ValueError) as err:
