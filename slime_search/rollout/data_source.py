@@ -1,0 +1,86 @@
+"""Prompt data for rollouts: Search-R1 parquet or jsonl rows, a seeded epoch order, and a resumable position.
+
+The order of epoch e is a permutation drawn from a generator seeded with (seed, e): no global RNG is touched,
+and resuming at (epoch, offset) reproduces exactly the prompts an uninterrupted run would have taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str
+    input_key: str = "prompt"
+    label_key: str = "reward_model"
+    metadata_key: str = "extra_info"
+    shuffle: bool = False
+    seed: int = 42
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    index: int  # row in the file
+    prompt: str | list[dict[str, str]]
+    label: Any
+    metadata: dict[str, Any]
+
+
+def load_rows(path: str | Path) -> list[dict[str, Any]]:
+    from slime_search.search_r1.qa_data import read_prompt_file
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"prompt data not found: {path}")
+    return read_prompt_file(path)
+
+
+class DataSource:
+    def __init__(self, config: DataConfig, rows: list[dict[str, Any]] | None = None):
+        self.config = config
+        self.rows = rows if rows is not None else load_rows(config.path)
+        if not self.rows:
+            raise ValueError(f"{config.path} holds no rows")
+        missing = [k for k in (config.input_key, config.label_key) if k not in self.rows[0]]
+        if missing:
+            raise KeyError(
+                f"{config.path} rows lack {missing}; they have {sorted(self.rows[0])}: set --input-key / --label-key"
+            )
+        self.epoch = 0
+        self.offset = 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def order(self, epoch: int) -> np.ndarray:
+        if not self.config.shuffle:
+            return np.arange(len(self.rows))
+        return np.random.default_rng([self.config.seed, epoch]).permutation(len(self.rows))
+
+    def item(self, row_index: int) -> PromptItem:
+        row = self.rows[row_index]
+        metadata = row.get(self.config.metadata_key) or {}
+        metadata = {**metadata, "data_source": row.get("data_source")}
+        return PromptItem(int(row_index), row[self.config.input_key], row[self.config.label_key], metadata)
+
+    def take(self, count: int) -> list[PromptItem]:
+        """The next `count` prompts, wrapping into the next epoch (with its own order) as needed."""
+        items = []
+        while len(items) < count:
+            order = self.order(self.epoch)
+            chunk = order[self.offset : self.offset + count - len(items)]
+            items.extend(self.item(int(i)) for i in chunk)
+            self.offset += len(chunk)
+            if self.offset >= len(order):
+                self.epoch, self.offset = self.epoch + 1, 0
+        return items
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
