@@ -233,3 +233,30 @@ def test_real_cpu_engine_log_probs_match_the_trainers_forward(tiny_checkpoint, s
             if mask:
                 assert abs(log_probs[start + i - 1, token].item() - lp) < 1e-4
         assert sample.status in (Status.COMPLETED, Status.TRUNCATED)
+
+
+def test_a_trajectory_waiting_on_search_holds_no_generation_slot(servers, tiny_checkpoint):
+    from slime_search.search_r1.config import SearchR1Config
+    from slime_search.search_r1.generate import resources_for
+
+    args = make_args(servers, tiny_checkpoint, generation_concurrency=1)
+    seen = []
+
+    async def go():
+        res = resources_for(SearchR1Config.from_args(args))
+        real_search = res.search.search
+
+        async def observed_search(query):
+            seen.append(res.generation_slots.locked())  # the only slot must be free while we search
+            return await real_search(query)
+
+        res.search.search = observed_search
+        samples = [Sample(prompt=make_prompt("Where does the silver walrus live")) for _ in range(3)]
+        try:
+            return await asyncio.gather(*(generate(args, s, {"max_new_tokens": 200}) for s in samples))
+        finally:
+            await close_resources()
+
+    done = asyncio.run(go())
+    assert [s.metrics["searches"] for s in done] == [1, 1, 1]
+    assert seen == [False, False, False]

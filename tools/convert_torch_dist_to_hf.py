@@ -11,22 +11,10 @@ Loads at tensor-parallel size 1 in one process, whatever TP size the checkpoint 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-COPIED = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,17 +29,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--save", required=True, help="output HF folder")
     add_model_arguments(parser)
     return parser.parse_args(argv)
-
-
-def save_hf(hf_state: dict, original: Path, out: Path) -> None:
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().clone() for k, v in hf_state.items()}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    for name in COPIED:
-        if (original / name).is_file():
-            shutil.copy2(original / name, out / name)
 
 
 def main(argv=None) -> int:
@@ -69,6 +46,7 @@ def main(argv=None) -> int:
         return 2
 
     from megatron_bridge import megatron_to_hf
+    from megatron_bridge.hf_io import save_hf_folder
     from slime_search.backends.megatron.checkpoint import load_model
     from slime_search.backends.megatron.distributed import free_port, init_megatron, shutdown
     from slime_search.backends.megatron.model import build_gpt_model, uses_te_names
@@ -82,7 +60,7 @@ def main(argv=None) -> int:
     hf_state = megatron_to_hf(state, shape, te_names=uses_te_names(model))
     if shape.tie_word_embeddings:
         hf_state.pop("lm_head.weight")  # tied: transformers rebuilds it from the embeddings
-    save_hf(hf_state, original, Path(args.save))
+    save_hf_folder(hf_state, original, Path(args.save))
     shutdown()
     print(f"wrote {args.save} from iteration {iteration}")
     return 0

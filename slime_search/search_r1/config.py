@@ -15,6 +15,9 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     group.add_argument("--search-url", default="http://127.0.0.1:8000/retrieve", help="the local /retrieve endpoint")
     group.add_argument("--search-topk", type=int, default=3)
     group.add_argument("--search-concurrency", type=int, default=256, help="searches in flight at once")
+    group.add_argument(
+        "--generation-concurrency", type=int, default=256, help="engine requests in flight (not held while searching)"
+    )
     group.add_argument("--search-snippet-only", action=argparse.BooleanOptionalAction, default=True, help="Serper")
     group.add_argument("--max-turns", type=int, default=4, help="search turns before the final answer-only turn")
     group.add_argument("--max-obs-tokens", type=int, default=500, help="observation cap per search, in tokens")
@@ -35,6 +38,7 @@ class SearchR1Config:
     search_url: str = "http://127.0.0.1:8000/retrieve"
     search_topk: int = 3
     search_concurrency: int = 256
+    generation_concurrency: int = 256
     search_snippet_only: bool = True
     max_turns: int = 4
     max_obs_tokens: int = 500

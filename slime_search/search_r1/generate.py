@@ -82,6 +82,8 @@ class _Resources:
     engine: EngineClient
     search: LocalSearchClient | SerperClient
     search_slots: asyncio.Semaphore
+    # Held only around engine calls: a trajectory waiting on its search gives its generation slot to another.
+    generation_slots: asyncio.Semaphore
 
 
 # Connection pools are per event loop and per configuration; they live as long as the rollout process.
@@ -96,7 +98,10 @@ def resources_for(config: SearchR1Config) -> _Resources:
         else:
             search = SerperClient(SerperConfig(topk=config.search_topk, snippet_only=config.search_snippet_only))
         _RESOURCES[key] = _Resources(
-            EngineClient(EngineClientConfig(config.engine_url)), search, asyncio.Semaphore(config.search_concurrency)
+            EngineClient(EngineClientConfig(config.engine_url)),
+            search,
+            asyncio.Semaphore(config.search_concurrency),
+            asyncio.Semaphore(config.generation_concurrency),
         )
     return _RESOURCES[key]
 
@@ -150,7 +155,8 @@ async def run_trajectory(
         if remaining <= 0:
             sample.status, finish = Status.TRUNCATED, "length"
             break
-        out = await res.engine.generate(_turn_sampling_params(sampling_params, remaining), input_ids=sample.tokens)
+        async with res.generation_slots:
+            out = await res.engine.generate(_turn_sampling_params(sampling_params, remaining), input_ids=sample.tokens)
         meta = out["meta_info"]
         ids = [int(i) for i in out["output_ids"]]
         log_probs = [float(lp) for lp, _, _ in meta["output_token_logprobs"]]

@@ -1,0 +1,76 @@
+"""Weight sync after a training step: Megatron shards -> full HF weights -> inference engines.
+
+The disk path works everywhere and is the CPU path: rank 0 writes an HF checkpoint (safetensors + the original
+config and tokenizer) into a fresh folder, renames it into place, and every engine loads it through
+`/update_weights_from_disk` with the new weight_version. Engines answer with the version they now serve, which is
+checked, so a rollout never starts on mixed versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import torch
+
+from megatron_bridge import Qwen2Shape, gather_tensor_parallel, megatron_to_hf
+
+
+def gather_full_megatron_state(local_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Collective over the tensor-parallel group: every rank gets the unsharded Megatron state dict."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    size = parallel_state.get_tensor_model_parallel_world_size()
+    if size == 1:
+        return {k: v.detach().clone() for k, v in local_state.items()}
+    group = parallel_state.get_tensor_model_parallel_group()
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(size)]
+    for name, tensor in local_state.items():
+        parts = [torch.empty_like(tensor) for _ in range(size)]
+        dist.all_gather(parts, tensor.detach().contiguous(), group=group)
+        for rank, part in enumerate(parts):
+            shards[rank][name] = part
+    return gather_tensor_parallel(shards)
+
+
+def write_hf_checkpoint(
+    megatron_state: dict[str, torch.Tensor],
+    shape: Qwen2Shape,
+    original_hf: str | Path,
+    out_dir: str | Path,
+    te_names: bool,
+) -> Path:
+    """Write an HF checkpoint atomically: a temporary sibling folder renamed into place when complete."""
+    from megatron_bridge.hf_io import save_hf_folder
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    hf_state = megatron_to_hf(megatron_state, shape, te_names=te_names)
+    if shape.tie_word_embeddings:
+        hf_state.pop("lm_head.weight")
+    save_hf_folder(hf_state, Path(original_hf), tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+async def update_engines_from_disk(engine_urls: list[str], model_path: str, weight_version: str) -> list[str]:
+    """Every engine loads `model_path`; returns the versions they report (all must equal `weight_version`)."""
+    from slime_search.rollout.engine_client import EngineClient, EngineClientConfig, EngineError
+
+    async def one(url: str) -> str:
+        client = EngineClient(EngineClientConfig(url))
+        try:
+            answer = await client.update_weights_from_disk(model_path, weight_version)
+        finally:
+            await client.close()
+        if not answer.get("success") or str(answer.get("weight_version")) != weight_version:
+            raise EngineError(f"engine {url} did not switch to weight version {weight_version}: {answer}")
+        return str(answer["weight_version"])
+
+    return await asyncio.gather(*(one(url) for url in engine_urls))

@@ -1,0 +1,85 @@
+"""Weight sync by disk: trained Megatron shards (TP=2) -> HF checkpoint -> a running CPU engine."""
+
+import asyncio
+import json
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from slime_search.backends.megatron.distributed import free_port
+from slime_search.utils.server_process import ServerProcess
+
+pytestmark = pytest.mark.timeout(600)
+TOKENS = [151644, 872, 198, 9707, 1879, 0, 151645, 198, 151644, 77091, 198, 3838, 374, 419]
+
+
+def _sync_worker(rank, world, port, checkpoint, out_dir):
+    from transformers import AutoModelForCausalLM
+
+    from megatron_bridge import Qwen2Shape
+    from slime_search.backends.megatron.actor import ActorConfig, MegatronActor
+    from slime_search.backends.megatron.distributed import init_megatron, shutdown
+    from slime_search.backends.megatron.loss import LossConfig, TrainSample
+    from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights, uses_te_names
+    from slime_search.backends.megatron.optimizer import OptimConfig
+    from slime_search.weight_sync import gather_full_megatron_state, write_hf_checkpoint
+
+    init_megatron(rank, world, tp_size=world, master_port=port)
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    shape, options = Qwen2Shape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
+    model = build_gpt_model(shape, options)
+    load_hf_weights(model, hf.state_dict(), shape, options)
+    config = ActorConfig(loss=LossConfig(loss_type="sft", vocab_size=shape.vocab_size), optim=OptimConfig(lr=1e-2))
+    actor = MegatronActor(model, config)
+    sample = TrainSample(TOKENS, 5, [1] * 5)
+    before = actor.compute_log_probs([sample])[0]
+    actor.train_step([sample])
+    after = actor.compute_log_probs([sample])[0]
+    full = gather_full_megatron_state(actor.local_state_dict())
+    if rank == 0:
+        write_hf_checkpoint(full, shape, checkpoint, f"{out_dir}/step_1", te_names=uses_te_names(model))
+        with open(f"{out_dir}/log_probs.json", "w") as handle:
+            json.dump({"before": before, "after": after}, handle)
+    shutdown()
+
+
+def hf_log_probs(path, tokens, response_length):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([tokens])).logits[0], -1)
+    start = len(tokens) - response_length
+    return [lp[start + i - 1, t].item() for i, t in enumerate(tokens[start:])]
+
+
+def test_trained_weights_reach_the_engine(tiny_checkpoint, tmp_path):
+    from slime_search.weight_sync import update_engines_from_disk
+
+    mp.spawn(_sync_worker, args=(2, free_port(), str(tiny_checkpoint), str(tmp_path)), nprocs=2, join=True)
+    logged = json.loads((tmp_path / "log_probs.json").read_text())
+    synced = tmp_path / "step_1"
+    assert not (tmp_path / "step_1.partial").exists()
+    # the written checkpoint is the trained policy: HF on it reproduces the actor's post-step log-probs
+    assert hf_log_probs(synced, TOKENS, 5) == pytest.approx(logged["after"], abs=1e-4)
+    assert max(abs(a - b) for a, b in zip(logged["after"], logged["before"], strict=True)) > 1e-2
+    argv = ["-m", "slime_search.rollout.cpu_engine_server", "--model-path", str(tiny_checkpoint), "--port", "0"]
+    with ServerProcess(argv) as engine:
+        versions = asyncio.run(update_engines_from_disk([engine.url], str(synced), "1"))
+        assert versions == ["1"]
+        import httpx
+
+        out = httpx.post(
+            f"{engine.url}/generate",
+            json={
+                "input_ids": TOKENS[:-5],
+                "sampling_params": {"max_new_tokens": 5, "temperature": 1.0},
+                "return_logprob": True,
+            },
+            timeout=60,
+        ).json()
+        assert out["meta_info"]["weight_version"] == "1"
+        served = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        expected = hf_log_probs(synced, TOKENS[:-5] + out["output_ids"], len(out["output_ids"]))
+        assert served == pytest.approx(expected, abs=1e-4)
