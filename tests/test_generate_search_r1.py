@@ -240,23 +240,28 @@ def test_a_trajectory_waiting_on_search_holds_no_generation_slot(servers, tiny_c
     from slime_search.search_r1.generate import resources_for
 
     args = make_args(servers, tiny_checkpoint, generation_concurrency=1)
-    seen = []
 
-    async def go():
+    async def go(count):
+        seen = []
         res = resources_for(SearchR1Config.from_args(args))
         real_search = res.search.search
 
         async def observed_search(query):
-            seen.append(res.generation_slots.locked())  # the only slot must be free while we search
+            seen.append(res.generation_slots.locked())
             return await real_search(query)
 
         res.search.search = observed_search
-        samples = [Sample(prompt=make_prompt("Where does the silver walrus live")) for _ in range(3)]
+        samples = [Sample(prompt=make_prompt("Where does the silver walrus live")) for _ in range(count)]
         try:
-            return await asyncio.gather(*(generate(args, s, {"max_new_tokens": 200}) for s in samples))
+            return await asyncio.gather(*(generate(args, s, {"max_new_tokens": 200}) for s in samples)), seen
         finally:
             await close_resources()
 
-    done = asyncio.run(go())
-    assert [s.metrics["searches"] for s in done] == [1, 1, 1]
-    assert seen == [False, False, False]
+    # alone, a trajectory's search finds the only generation slot free: it was released before searching
+    done, seen = asyncio.run(go(1))
+    assert seen == [False] and done[0].metrics["searches"] == 1
+    # three trajectories share the single slot without deadlock, generating while others search
+    done, seen = asyncio.run(go(3))
+    assert [s.metrics["searches"] for s in done] == [1, 1, 1] and all(
+        s.metadata["finish_reason"] == "answer" for s in done
+    )
