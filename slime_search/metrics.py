@@ -1,0 +1,71 @@
+"""One metrics sink per run: a compact console line, a jsonl file, and wandb (offline unless a key is set)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CONSOLE_KEYS = (
+    "rollout/reward_mean",
+    "eval/em",
+    "train/loss",
+    "train/grad_norm",
+    "rollout/searches_mean",
+    "time/step_s",
+)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 1]); nan for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+class MetricsSink:
+    def __init__(
+        self, run_dir: str | Path, use_wandb: bool = False, project: str = "slime-search", config: dict | None = None
+    ):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._wandb = None
+        if use_wandb:
+            import wandb
+
+            mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+            self._wandb = wandb.init(project=project, dir=str(self.run_dir), mode=mode, config=config or {})
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=step)
+        shown = " ".join(
+            f"{k.split('/')[-1]}={record[k]:.4g}" for k in CONSOLE_KEYS if isinstance(record.get(k), (int, float))
+        )
+        logger.info("step %d %s", step, shown)
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return value
