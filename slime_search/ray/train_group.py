@@ -1,0 +1,143 @@
+"""A group of Ray actors, one per Megatron rank, placed by a placement group and driven as one trainer.
+
+Rank r holds tensor-parallel rank r % TP of data-parallel rank r // TP (Megatron's order with TP innermost);
+every TP rank of a data-parallel group receives that group's samples. On a CPU machine the bundles ask for
+CPU only and the ranks talk over gloo; on GPU each bundle holds one GPU and the ranks use NCCL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TrainGroupConfig:
+    num_ranks: int
+    tp_size: int = 1
+    use_gpu: bool = False
+    cpus_per_rank: float = 0.5
+
+    @property
+    def dp_size(self) -> int:
+        if self.num_ranks % self.tp_size:
+            raise ValueError(f"{self.num_ranks} ranks are not a multiple of tensor-parallel size {self.tp_size}")
+        return self.num_ranks // self.tp_size
+
+
+def create_placement_group(config: TrainGroupConfig):
+    import ray
+    from ray.util.placement_group import placement_group
+
+    bundle = {"CPU": config.cpus_per_rank, **({"GPU": 1} if config.use_gpu else {})}
+    group = placement_group([dict(bundle) for _ in range(config.num_ranks)], strategy="PACK")
+    ray.get(group.ready())
+    return group
+
+
+class TrainRank:
+    """One Megatron rank inside a Ray actor (wrapped by ray.remote in RayTrainGroup)."""
+
+    def __init__(self, rank: int, world_size: int, tp_size: int, master_port: int):
+        from slime_search.backends.megatron.distributed import init_megatron
+
+        init_megatron(rank, world_size, tp_size=tp_size, master_port=master_port)
+        self.rank = rank
+        self.actor = None
+        self.shape = None
+
+    def load_hf(self, hf_checkpoint: str, actor_config) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from megatron_bridge import Qwen2Shape
+        from slime_search.backends.megatron.actor import MegatronActor
+        from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights
+
+        hf = AutoModelForCausalLM.from_pretrained(hf_checkpoint, dtype=torch.float32)
+        self.shape, options = Qwen2Shape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
+        model = build_gpt_model(self.shape, options)
+        load_hf_weights(model, hf.state_dict(), self.shape, options)
+        self.actor = MegatronActor(model, actor_config)
+
+    def compute_log_probs(self, samples) -> list[list[float]]:
+        return self.actor.compute_log_probs(samples)
+
+    def train_step(self, samples) -> dict[str, float]:
+        return self.actor.train_step(samples)
+
+    def write_hf(self, original_hf: str, out_dir: str) -> str | None:
+        from slime_search.backends.megatron.model import uses_te_names
+        from slime_search.weight_sync import gather_full_megatron_state, write_hf_checkpoint
+
+        full = gather_full_megatron_state(self.actor.local_state_dict())
+        if self.rank != 0:
+            return None
+        write_hf_checkpoint(full, self.shape, original_hf, out_dir, te_names=uses_te_names(self.actor.model.module))
+        return out_dir
+
+
+class RayTrainGroup:
+    def __init__(self, config: TrainGroupConfig, placement_group=None):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from slime_search.backends.megatron.distributed import free_port
+
+        self.config = config
+        self.placement_group = placement_group or create_placement_group(config)
+        remote = ray.remote(TrainRank)
+        port = free_port()
+        self.ranks = [
+            remote.options(
+                num_cpus=config.cpus_per_rank,
+                num_gpus=1 if config.use_gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement_group, placement_group_bundle_index=r
+                ),
+            ).remote(r, config.num_ranks, config.tp_size, port)
+            for r in range(config.num_ranks)
+        ]
+
+    def _per_rank(self, shards: list[list[Any]]) -> list[list[Any]]:
+        if len(shards) != self.config.dp_size:
+            raise ValueError(f"{len(shards)} data shards for {self.config.dp_size} data-parallel ranks")
+        return [shards[r // self.config.tp_size] for r in range(self.config.num_ranks)]
+
+    def load_hf(self, hf_checkpoint: str, actor_config) -> None:
+        import ray
+
+        ray.get([rank.load_hf.remote(hf_checkpoint, actor_config) for rank in self.ranks])
+
+    def compute_log_probs(self, shards: list[list[Any]]) -> list[list[list[float]]]:
+        """Per data-parallel shard, the log-probs (from the shard's first TP rank)."""
+        import ray
+
+        results = ray.get(
+            [rank.compute_log_probs.remote(data) for rank, data in zip(self.ranks, self._per_rank(shards), strict=True)]
+        )
+        return [results[d * self.config.tp_size] for d in range(self.config.dp_size)]
+
+    def train_step(self, shards: list[list[Any]]) -> dict[str, float]:
+        """One optimizer step; returns rank 0's metrics with the loss summed over data-parallel ranks."""
+        import ray
+
+        results = ray.get(
+            [rank.train_step.remote(data) for rank, data in zip(self.ranks, self._per_rank(shards), strict=True)]
+        )
+        metrics = dict(results[0])
+        metrics["loss"] = sum(results[d * self.config.tp_size]["loss"] for d in range(self.config.dp_size))
+        return metrics
+
+    def write_hf(self, original_hf: str, out_dir: str) -> str:
+        import ray
+
+        return ray.get([rank.write_hf.remote(original_hf, out_dir) for rank in self.ranks])[0]
+
+    def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for rank in self.ranks:
+            ray.kill(rank)
+        remove_placement_group(self.placement_group)
