@@ -56,6 +56,38 @@ def evaluate(args, generate, reward) -> dict[str, float]:
     return evaluate_samples(samples)
 
 
+def save_run(run: Path, group, source, steps_done: int) -> None:
+    """Rollout position first, then the actor (model + optimizer), whose tracker file is written last: a run
+    killed mid-save resumes from the previous complete checkpoint."""
+    import json
+
+    from slime_search.backends.megatron.checkpoint import iteration_dir
+
+    folder = iteration_dir(run / "checkpoints", steps_done)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "rollout_state.json").write_text(json.dumps({"steps_done": steps_done, "data": source.state_dict()}))
+    group.save(str(run / "checkpoints"), steps_done)
+
+
+def resume(args, run: Path, group, source, engine_url: str) -> int:
+    """Continue from the last complete checkpoint of this run folder, if any; returns the next step."""
+    import json
+
+    from slime_search.backends.megatron.checkpoint import iteration_dir, latest_iteration
+    from slime_search.weight_sync import update_engines_from_disk
+
+    done = latest_iteration(run / "checkpoints")
+    if done is None:
+        return 0
+    state = json.loads((iteration_dir(run / "checkpoints", done) / "rollout_state.json").read_text())
+    group.load(str(run / "checkpoints"))
+    source.load_state_dict(state["data"])
+    weights = group.write_hf(args.hf_checkpoint, str(run / "weights" / f"step_{done}"))
+    asyncio.run(update_engines_from_disk([engine_url], weights, str(done)))
+    logging.getLogger(__name__).info("resumed after step %d", done)
+    return int(state["steps_done"])
+
+
 def main(argv: list[str] | None = None) -> int:
     from slime_search.arguments import parse_args
 
@@ -97,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         source = DataSource(data)
         dp_size = group.config.dp_size
-        for step in range(args.num_rollout):
+        start_step = resume(args, run, group, source, engine.url)
+        for step in range(start_step, args.num_rollout):
             times = {"start": time.perf_counter()}
             groups, metrics = asyncio.run(
                 rollout(args, source, rollout_config(args), generate, reward, sampling_params(args))
@@ -123,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             metrics["time/step_s"] = times["eval"] - times["start"]
             metrics["weight_version"] = step + 1
             sink.log(step, metrics)
+            if (args.save_interval and (step + 1) % args.save_interval == 0) or step + 1 == args.num_rollout:
+                save_run(run, group, source, step + 1)
     finally:
         engine.stop()
         group.shutdown()

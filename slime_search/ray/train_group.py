@@ -66,6 +66,16 @@ class TrainRank:
     def train_step(self, samples) -> dict[str, float]:
         return self.actor.train_step(samples)
 
+    def save(self, root: str, iteration: int) -> None:
+        from slime_search.backends.megatron.checkpoint import save_actor
+
+        save_actor(self.actor, root, iteration)
+
+    def load(self, root: str) -> int:
+        from slime_search.backends.megatron.checkpoint import load_actor
+
+        return load_actor(self.actor, root)
+
     def write_hf(self, original_hf: str, out_dir: str) -> str | None:
         from slime_search.backends.megatron.model import uses_te_names
         from slime_search.weight_sync import gather_full_megatron_state, write_hf_checkpoint
@@ -128,6 +138,16 @@ class RayTrainGroup:
         metrics = dict(results[0])
         metrics["loss"] = sum(results[d * self.config.tp_size]["loss"] for d in range(self.config.dp_size))
         return metrics
+
+    def save(self, root: str, iteration: int) -> None:
+        import ray
+
+        ray.get([rank.save.remote(root, iteration) for rank in self.ranks])
+
+    def load(self, root: str) -> int:
+        import ray
+
+        return ray.get([rank.load.remote(root) for rank in self.ranks])[0]
 
     def write_hf(self, original_hf: str, out_dir: str) -> str:
         import ray
