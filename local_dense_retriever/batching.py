@@ -55,6 +55,9 @@ class LRUCache:
         while len(self._data) > self.capacity:
             self._data.popitem(last=False)
 
+    def __len__(self) -> int:
+        return len(self._data)
+
     @property
     def hit_rate(self) -> float:
         total = self.hits + self.misses

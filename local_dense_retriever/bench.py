@@ -24,6 +24,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from slime_search.metrics import percentile  # noqa: E402
+
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 MALFORMED = [
     {"queries": []},
@@ -48,11 +50,6 @@ def load_queries(folder: Path, limit: int) -> list[str]:
     if len(queries) < limit:
         print(f"note: only {len(queries)} unique queries found", file=sys.stderr)
     return queries
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 async def run_requests(url: str, bodies: list, concurrency: int) -> dict:

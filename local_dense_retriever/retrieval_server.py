@@ -111,7 +111,7 @@ class RetrievalService:
             "queue_depth": self.batcher.queue_depth,
             "batches": self.batcher.batches,
             "queries_searched": self.batcher.queries,
-            "cache_size": len(self.cache._data),
+            "cache_size": len(self.cache),
             "cache_hit_rate": round(self.cache.hit_rate, 4),
         }
 

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.timeout(300)
 def server(tiny_checkpoint):
     argv = ["-m", "slime_search.rollout.cpu_engine_server", "--model-path", str(tiny_checkpoint), "--port", "0"]
     with ServerProcess([*argv, "--max-wait-ms", "50"], health_path="/health_generate") as process:
+        process.model_path = str(tiny_checkpoint)
         yield process
 
 
@@ -73,6 +74,10 @@ def test_text_input_and_length_finish(server):
     out = generate(server, text="Hello world", sampling_params={"max_new_tokens": 5, "temperature": 1.0})
     assert out["meta_info"]["prompt_tokens"] == 2  # "Hello", " world"
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(server.model_path)
+    assert out["text"] == tokenizer.decode(out["output_ids"], skip_special_tokens=True)  # decoded once, at the end
     assert "output_token_logprobs" not in out["meta_info"]
 
 

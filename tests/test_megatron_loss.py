@@ -72,6 +72,8 @@ def test_sft_loss_is_the_masked_negative_log_likelihood_at_temperature():
 
 def test_kl_and_tis_need_their_inputs():
     samples, packed, logits = make_batch()
+    with pytest.raises(ValueError, match="TIS/MIS need the engine's log-probs"):
+        micro_batch_loss(logits, packed, samples, LossConfig(use_tis=True), num_tokens=4, num_sequences=2)
     with pytest.raises(ValueError, match="ref_log_probs missing"):
         micro_batch_loss(logits, packed, samples, LossConfig(kl_coef=0.1), num_tokens=4, num_sequences=2)
     for s in samples:

@@ -156,12 +156,17 @@ class CpuEngine:
         params = request.params
         result.output_ids.append(token)
         result.log_probs.append(log_prob)
-        text = self.tokenizer.decode(result.output_ids, skip_special_tokens=params.skip_special_tokens)
+        # Decoding every step costs O(n) per token; only stop strings need the running text.
+        text = (
+            self.tokenizer.decode(result.output_ids, skip_special_tokens=params.skip_special_tokens)
+            if params.stop
+            else None
+        )
         reason = None
         if token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos):
             reason = {"type": "stop", "matched": token}
         else:
-            hits = [(text.find(s), s) for s in params.stop if s in text]
+            hits = [(text.find(s), s) for s in params.stop if s in text] if text is not None else []
             if hits:
                 position, matched = min(hits)
                 reason = {"type": "stop", "matched": matched}
@@ -171,8 +176,10 @@ class CpuEngine:
                 reason = {"type": "length", "length": len(result.output_ids)}
             elif self._is_aborted(request.rid):
                 reason = {"type": "abort", "message": "aborted by request"}
-        result.text = text
         if reason is None:
             return True
+        if text is None:
+            text = self.tokenizer.decode(result.output_ids, skip_special_tokens=params.skip_special_tokens)
+        result.text = text
         result.finish_reason = reason
         return False

@@ -160,7 +160,8 @@ async def run_trajectory(
         meta = out["meta_info"]
         ids = [int(i) for i in out["output_ids"]]
         log_probs = [float(lp) for lp, _, _ in meta["output_token_logprobs"]]
-        sample.append_response_tokens(ids, generated=True, log_probs=log_probs, text=tokenizer.decode(ids))
+        turn_text = tokenizer.decode(ids)
+        sample.append_response_tokens(ids, generated=True, log_probs=log_probs, text=turn_text)
         sample.weight_versions.append(str(meta.get("weight_version", "")))
         metrics["turns"] += 1
         reason = meta["finish_reason"]
@@ -173,7 +174,7 @@ async def run_trajectory(
         if isinstance(reason.get("matched"), int):  # EOS or a stop token: the model ended the trajectory
             finish = "eos"
             break
-        action, content = parse_action(tokenizer.decode(ids))
+        action, content = parse_action(turn_text)
         if action == "answer":
             finish = "answer"
             break

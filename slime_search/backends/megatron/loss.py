@@ -106,33 +106,31 @@ def micro_batch_loss(
         if samples[0].old_log_probs is not None
         else log_probs.detach()
     )
+    rollout = (
+        _packed([s.rollout_log_probs for s in samples], samples, "rollout_log_probs")
+        if samples[0].rollout_log_probs is not None
+        else None
+    )
+    if (config.use_tis or config.mis is not None) and rollout is None:
+        raise ValueError("rollout_log_probs missing for some samples (TIS/MIS need the engine's log-probs)")
     advantages = expand_to_tokens(torch.tensor([s.advantage for s in samples], dtype=torch.float32), lengths)
     pg = policy_loss(log_probs, old, advantages, config.eps_clip, config.eps_clip_high, config.eps_clip_c)
     per_token, pg_mask = pg.loss, mask
     if config.use_tis:
-        rollout = _packed([s.rollout_log_probs for s in samples], samples, "rollout_log_probs")
         weights = vanilla_tis_weights(old, rollout, config.tis_cap)
         per_token = per_token * weights
         metrics["tis_weight_mean"] = reduce_loss(weights, mask, lengths, config.reduction, **reduce)
     elif config.mis is not None:
-        rollout = _packed([s.rollout_log_probs for s in samples], samples, "rollout_log_probs")
         result = compute_is_weights(old, rollout, mask, lengths, config.mis, normalize_with=is_normalizer)
         per_token, pg_mask = per_token * result.weights, result.mask
         metrics.update({f"mis_{k}": v for k, v in result.metrics.items()})
     loss = reduce_loss(per_token, pg_mask, lengths, config.reduction, **reduce)
     metrics["pg_loss"] = loss.detach()
     metrics["pg_clipfrac"] = reduce_loss(pg.clipped, mask, lengths, config.reduction, **reduce)
-    metrics["train_rollout_logprob_abs_diff"] = (
-        reduce_loss(
-            (old - _packed([s.rollout_log_probs for s in samples], samples, "rollout_log_probs")).abs(),
-            mask,
-            lengths,
-            config.reduction,
-            **reduce,
+    if rollout is not None:
+        metrics["train_rollout_logprob_abs_diff"] = reduce_loss(
+            (old - rollout).abs(), mask, lengths, config.reduction, **reduce
         )
-        if samples[0].rollout_log_probs is not None
-        else torch.zeros(())
-    )
     if config.kl_coef:
         ref = _packed([s.ref_log_probs for s in samples], samples, "ref_log_probs")
         kl = reduce_loss(kl_estimate(log_probs, ref, config.kl_loss_type), mask, lengths, config.reduction, **reduce)
