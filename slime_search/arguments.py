@@ -8,17 +8,29 @@ from slime_search.search_r1.config import add_search_r1_arguments
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from slime_search.backends.megatron.model_args import add_model_arguments
+
     parser = argparse.ArgumentParser(description="slime-search: GRPO training of a search-calling LLM")
     g = parser.add_argument_group("checkpoints")
-    g.add_argument("--hf-checkpoint", required=True, help="HF folder: initial weights, config and tokenizer")
-    g.add_argument("--save", required=True, help="run folder: checkpoints, synced weights, metrics")
+    g.add_argument("--hf-checkpoint", required=True, help="HF folder: architecture, tokenizer, initial weights")
+    g.add_argument("--load", default=None, help="torch_dist folder with the initial actor weights (else the HF ones)")
+    g.add_argument("--ref-load", default=None, help="torch_dist folder of the KL reference (else the initial weights)")
+    g.add_argument("--save", required=True, help="run folder: checkpoints, synced weights, metrics, report")
     g.add_argument("--save-interval", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
+    g.add_argument("--seed", type=int, default=1234)
     g = parser.add_argument_group("cluster")
     g.add_argument("--actor-num-nodes", type=int, default=1)
-    g.add_argument("--actor-num-gpus-per-node", type=int, default=1, help="Megatron ranks per node")
+    g.add_argument("--actor-num-gpus-per-node", type=int, default=1, help="Megatron ranks per node (CPU: processes)")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    g.add_argument("--rollout-num-engines", type=int, default=1, help="CPU engines (GPU: --rollout-num-gpus)")
-    g.add_argument("--engine-max-batch-size", type=int, default=32)
+    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--bf16", action="store_true", help="bf16 parameters (GPU); fp32 otherwise")
+    g.add_argument("--rollout-num-gpus", type=int, default=0, help="GPUs for SGLang engines (0: the CPU engine)")
+    g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
+    g.add_argument("--colocate", action="store_true", help="engines share the actor's GPUs")
+    g.add_argument("--sglang-mem-fraction-static", type=float, default=0.8)
+    g.add_argument("--sglang-router-port", type=int, default=0)
+    g.add_argument("--engine-url", default=None, help="use this running engine instead of starting one")
+    g.add_argument("--engine-max-batch-size", type=int, default=32, help="CPU engine: sequences decoded together")
     g = parser.add_argument_group("data and rollout")
     g.add_argument("--prompt-data", required=True)
     g.add_argument("--input-key", default="prompt")
@@ -26,9 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--apply-chat-template", action="store_true")
     g.add_argument("--rollout-shuffle", action="store_true")
     g.add_argument("--rollout-seed", type=int, default=42)
-    g.add_argument("--num-rollout", type=int, required=True, help="training steps (one rollout each)")
+    g.add_argument("--num-rollout", type=int, required=True, help="rollouts (each followed by training)")
     g.add_argument("--rollout-batch-size", type=int, required=True, help="prompts per rollout")
     g.add_argument("--n-samples-per-prompt", type=int, default=8)
+    g.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step (default: all)")
     g.add_argument("--rollout-max-response-len", type=int, default=512, help="max new tokens per turn")
     g.add_argument("--rollout-temperature", type=float, default=1.0)
     g.add_argument("--rollout-top-p", type=float, default=1.0)
@@ -41,19 +54,32 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--advantage-estimator", default="grpo", choices=["grpo", "dr_grpo"])
     g.add_argument("--eps-clip", type=float, default=0.2)
     g.add_argument("--eps-clip-high", type=float, default=0.28)
+    g.add_argument("--use-kl-loss", action="store_true", help="KL to the reference model (--kl-loss-coef)")
     g.add_argument("--kl-loss-coef", type=float, default=0.0)
-    g.add_argument("--kl-loss-type", default="low_var_kl")
+    g.add_argument("--kl-loss-type", default="low_var_kl", choices=["k1", "k2", "k3", "low_var_kl"])
     g.add_argument("--entropy-coef", type=float, default=0.0)
-    g.add_argument("--use-tis", action="store_true")
+    g.add_argument("--use-tis", action="store_true", help="truncated importance sampling against the engine")
     g.add_argument("--tis-cap", type=float, default=2.0)
+    g.add_argument("--optimizer", default="adam", choices=["adam"])
     g.add_argument("--lr", type=float, default=1e-6)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-decay-style", default="constant", choices=["constant", "linear", "cosine"])
+    g.add_argument("--lr-decay-iters", type=int, default=None)
+    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.98)
     g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--max-tokens-per-gpu", type=int, default=4096)
+    g.add_argument("--max-tokens-per-gpu", type=int, default=4096, help="token budget of a packed micro-batch")
     g = parser.add_argument_group("evaluation and logging")
     g.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH", help="pairs of name and path")
     g.add_argument("--eval-interval", type=int, default=0)
+    g.add_argument("--log-rollout-examples", type=int, default=4, help="rollouts kept per step for the report")
     g.add_argument("--use-wandb", action="store_true")
+    g.add_argument("--wandb-project", default="slime-search")
+    g.add_argument("--wandb-group", default=None)
     add_search_r1_arguments(parser)
+    add_model_arguments(parser, required=False)
     return parser
 
 
@@ -61,9 +87,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     if len(args.eval_prompt_data) % 2:
         raise SystemExit("--eval-prompt-data takes pairs: NAME PATH [NAME PATH ...]")
-    if args.kl_loss_coef and args.loss_type == "sft":
-        raise SystemExit("--kl-loss-coef applies to --loss-type policy_loss")
+    if args.use_kl_loss and args.loss_type == "sft":
+        raise SystemExit("--use-kl-loss applies to --loss-type policy_loss")
+    if args.kl_loss_coef and not args.use_kl_loss:
+        raise SystemExit("--kl-loss-coef needs --use-kl-loss (the reference model is loaded only then)")
+    samples = args.rollout_batch_size * args.n_samples_per_prompt
+    if args.global_batch_size is not None and (args.global_batch_size <= 0 or samples % args.global_batch_size):
+        raise SystemExit(
+            f"--global-batch-size {args.global_batch_size} must divide the {samples} samples of a rollout "
+            "(--rollout-batch-size x --n-samples-per-prompt)"
+        )
+    if args.colocate and not args.rollout_num_gpus:
+        raise SystemExit("--colocate places SGLang engines on the actor's GPUs: set --rollout-num-gpus")
     return args
+
+
+def steps_per_rollout(args: argparse.Namespace) -> int:
+    if args.global_batch_size is None:
+        return 1
+    return args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size
+
+
+def model_overrides(args: argparse.Namespace) -> dict:
+    """Model options the flags set beyond what config.json holds."""
+    import torch
+
+    return {"sequence_parallel": args.sequence_parallel, "params_dtype": torch.bfloat16 if args.bf16 else torch.float32}
+
+
+def check_model_flags(args: argparse.Namespace, hf_config) -> None:
+    """When ${MODEL_ARGS[@]} is passed, every flag must agree with the HF checkpoint's config.json."""
+    from slime_search.backends.megatron.model_args import check_against_hf_config, model_from_args
+
+    if args.num_layers is None:
+        return
+    shape, options = model_from_args(args)
+    check_against_hf_config(shape, options, hf_config)
 
 
 def actor_config(args: argparse.Namespace, vocab_size: int):
@@ -76,7 +135,7 @@ def actor_config(args: argparse.Namespace, vocab_size: int):
             loss_type=args.loss_type,
             eps_clip=args.eps_clip,
             eps_clip_high=args.eps_clip_high,
-            kl_coef=args.kl_loss_coef,
+            kl_coef=args.kl_loss_coef if args.use_kl_loss else 0.0,
             kl_loss_type=args.kl_loss_type,
             entropy_coef=args.entropy_coef,
             use_tis=args.use_tis,
@@ -84,7 +143,17 @@ def actor_config(args: argparse.Namespace, vocab_size: int):
             temperature=args.rollout_temperature,
             vocab_size=vocab_size,
         ),
-        optim=OptimConfig(lr=args.lr, clip_grad=args.clip_grad),
+        optim=OptimConfig(
+            lr=args.lr,
+            min_lr=args.min_lr,
+            lr_warmup_iters=args.lr_warmup_iters,
+            lr_decay_iters=args.lr_decay_iters,
+            lr_decay_style=args.lr_decay_style,
+            weight_decay=args.weight_decay,
+            adam_beta1=args.adam_beta1,
+            adam_beta2=args.adam_beta2,
+            clip_grad=args.clip_grad,
+        ),
         max_tokens_per_micro_batch=args.max_tokens_per_gpu,
     )
 

@@ -32,7 +32,12 @@ def percentile(values: list[float], q: float) -> float:
 
 class MetricsSink:
     def __init__(
-        self, run_dir: str | Path, use_wandb: bool = False, project: str = "slime-search", config: dict | None = None
+        self,
+        run_dir: str | Path,
+        use_wandb: bool = False,
+        project: str = "slime-search",
+        group: str | None = None,
+        config: dict | None = None,
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -42,7 +47,9 @@ class MetricsSink:
             import wandb
 
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-            self._wandb = wandb.init(project=project, dir=str(self.run_dir), mode=mode, config=config or {})
+            self._wandb = wandb.init(
+                project=project, group=group, dir=str(self.run_dir), mode=mode, config=_plain_config(config or {})
+            )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
@@ -60,9 +67,34 @@ class MetricsSink:
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
+    def drop_from(self, step: int) -> None:
+        """Forget records of steps >= `step` (a resumed run redoes them)."""
+        kept = [r for r in self.read() if r["step"] < step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
     def close(self) -> None:
         if self._wandb is not None:
             self._wandb.finish()
+
+
+class PhaseClock:
+    """Wall time of consecutive phases of a step: mark("rollout"), mark("train"), ... then times()."""
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+        self.phases: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = now - self.last
+        self.last = now
+
+    def times(self) -> dict[str, float]:
+        return {**{f"time/{k}_s": v for k, v in self.phases.items()}, "time/step_s": self.last - self.start}
+
+
+def _plain_config(config: dict) -> dict:
+    return {k: v if isinstance(v, (int, float, str, bool, list, type(None))) else str(v) for k, v in config.items()}
 
 
 def _plain(value: Any) -> Any:

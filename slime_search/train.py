@@ -1,91 +1,146 @@
-"""The training driver: rollout -> advantages -> Megatron step -> weight sync -> eval, once per step.
+"""The training driver: per step, rollout -> GRPO advantages -> Megatron step -> weight sync; eval between steps.
 
     python -m slime_search.train --hf-checkpoint CKPT --save RUN --prompt-data train.parquet \
         --num-rollout 100 --rollout-batch-size 32 --n-samples-per-prompt 8 --search-url http://127.0.0.1:8000/retrieve
 
-Megatron ranks run as Ray actors (CPU bundles on a CPU machine); the rollout engine is the CPU engine server
-here (SGLang engines behind the router on GPU); the retriever is reached over HTTP at --search-url.
+Megatron ranks run as Ray actors placed by a placement group (CPU bundles on a CPU machine); the RolloutManager
+Ray actor owns the engines (the CPU engine server, or SGLang engines behind the router on GPU), the prompt data and
+the generate / reward plugins. Weights reach the engines through an HF checkpoint on disk. Running the same command
+again continues from the run folder's last complete checkpoint.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
 
-
-def to_train_sample(sample):
-    from slime_search.backends.megatron.loss import TrainSample
-
-    return TrainSample(
-        tokens=list(sample.tokens),
-        response_length=sample.response_length,
-        loss_mask=list(sample.loss_mask),
-        advantage=float(sample.metadata.get("advantage", 0.0)),
-        rollout_log_probs=list(sample.rollout_log_probs),
-    )
+logger = logging.getLogger(__name__)
 
 
-async def rollout(args, source, config, generate, reward, params):
-    from slime_search.rollout.rollout import generate_rollout
-    from slime_search.search_r1.generate import close_resources
+def wait_with_progress(manager, ref, desc: str):
+    """Wait for a RolloutManager call, drawing a progress bar over its samples (only on a terminal)."""
+    import ray
+    from tqdm import tqdm
 
-    try:
-        return await generate_rollout(args, source, config, generate, reward, params)
-    finally:
-        await close_resources()
-
-
-def evaluate(args, generate, reward) -> dict[str, float]:
-    from slime_search.arguments import rollout_config, sampling_params
-    from slime_search.evaluation import evaluate_samples
-    from slime_search.rollout.data_source import DataConfig, DataSource
-
-    samples = []
-    for name, path in zip(args.eval_prompt_data[::2], args.eval_prompt_data[1::2], strict=True):
-        source = DataSource(DataConfig(path, args.input_key, args.label_key))
-        config = rollout_config(args)
-        config = type(config)(batch_size=len(source), n_samples_per_prompt=1, reward_key=config.reward_key)
-        groups, _ = asyncio.run(rollout(args, source, config, generate, reward, sampling_params(args, greedy=True)))
-        for group in groups:
-            for sample in group:
-                sample.metadata["data_source"] = sample.metadata.get("data_source") or name
-                samples.append(sample)
-    return evaluate_samples(samples)
+    with tqdm(desc=desc, unit="sample", disable=None, leave=False) as bar:
+        while True:
+            ready, _ = ray.wait([ref], timeout=0.5)
+            bar.n, bar.total = ray.get(manager.progress.remote())
+            bar.refresh()
+            if ready:
+                return ray.get(ref)
 
 
-def save_run(run: Path, group, source, steps_done: int) -> None:
-    """Rollout position first, then the actor (model + optimizer), whose tracker file is written last: a run
+def train_on(args, group, samples) -> dict[str, float]:
+    """Old (and reference) log-probs for the whole rollout, then `steps_per_rollout` optimizer steps."""
+    from slime_search.arguments import steps_per_rollout
+    from slime_search.rollout.rollout import split_for_data_parallel
+
+    dp_size = group.config.dp_size
+    shards = split_for_data_parallel(samples, dp_size)
+    for shard, log_probs in zip(shards, group.compute_log_probs(shards), strict=True):
+        for sample, values in zip(shard, log_probs, strict=True):
+            sample.old_log_probs = values
+    if args.use_kl_loss:
+        for shard, log_probs in zip(shards, group.compute_ref_log_probs(shards), strict=True):
+            for sample, values in zip(shard, log_probs, strict=True):
+                sample.ref_log_probs = values
+    steps = steps_per_rollout(args)
+    per_step = len(samples) // steps
+    metrics: dict[str, float] = {}
+    for k in range(steps):
+        chunk = split_for_data_parallel(samples[k * per_step : (k + 1) * per_step], dp_size)
+        for name, value in group.train_step(chunk).items():
+            metrics[f"train/{name}"] = metrics.get(f"train/{name}", 0.0) + value / steps
+    return metrics
+
+
+def sync_weights(args, group, manager, run: Path, version: int) -> str:
+    """Write the actor's weights as an HF checkpoint, have every engine load it, keep only the newest copy."""
+    import ray
+
+    weights = group.write_hf(args.hf_checkpoint, str(run / "weights" / f"step_{version}"))
+    served = ray.get(manager.update_weights_from_disk.remote(weights, str(version)))
+    for older in (run / "weights").glob("step_*"):
+        if older.name != f"step_{version}":
+            shutil.rmtree(older, ignore_errors=True)
+    return served[0]
+
+
+def evaluate(args, manager, sink, run: Path, version: int) -> None:
+    started = time.perf_counter()
+    metrics, shown = wait_with_progress(manager, manager.evaluate.remote(args.log_rollout_examples), "eval")
+    sink.log(version, {**metrics, "weight_version": version, "time/eval_s": time.perf_counter() - started})
+    record_examples(run, version, "eval", shown)
+
+
+def record_examples(run: Path, step: int, kind: str, examples: list[dict]) -> None:
+    with open(run / "rollouts.jsonl", "a") as handle:
+        for example in examples:
+            handle.write(json.dumps({"step": step, "kind": kind, **example}) + "\n")
+
+
+def save_run(run: Path, group, manager, steps_done: int) -> None:
+    """Rollout state first, then the actor (model, optimizer, RNG), whose tracker file is written last: a run
     killed mid-save resumes from the previous complete checkpoint."""
-    import json
+    import ray
 
     from slime_search.backends.megatron.checkpoint import iteration_dir
 
     folder = iteration_dir(run / "checkpoints", steps_done)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "rollout_state.json").write_text(json.dumps({"steps_done": steps_done, "data": source.state_dict()}))
+    state = {"steps_done": steps_done, **ray.get(manager.state_dict.remote())}
+    (folder / "rollout_state.json").write_text(json.dumps(state))
     group.save(str(run / "checkpoints"), steps_done)
 
 
-def resume(args, run: Path, group, source, engine_url: str) -> int:
-    """Continue from the last complete checkpoint of this run folder, if any; returns the next step."""
-    import json
+def resume(args, run: Path, group, manager, sink) -> int:
+    """Continue after the last complete checkpoint of this run folder, if any; returns the next step."""
+    import ray
 
     from slime_search.backends.megatron.checkpoint import iteration_dir, latest_iteration
-    from slime_search.weight_sync import update_engines_from_disk
 
     done = latest_iteration(run / "checkpoints")
     if done is None:
+        if args.load:  # the engines started from the HF weights; give them the --load weights
+            sync_weights(args, group, manager, run, 0)
         return 0
     state = json.loads((iteration_dir(run / "checkpoints", done) / "rollout_state.json").read_text())
     group.load(str(run / "checkpoints"))
-    source.load_state_dict(state["data"])
-    weights = group.write_hf(args.hf_checkpoint, str(run / "weights" / f"step_{done}"))
-    asyncio.run(update_engines_from_disk([engine_url], weights, str(done)))
-    logging.getLogger(__name__).info("resumed after step %d", done)
+    ray.get(manager.load_state_dict.remote(state))
+    sync_weights(args, group, manager, run, done)
+    sink.drop_from(done)  # steps after the checkpoint are redone
+    drop_examples_from(run, done)
+    logger.info("resumed after step %d", done)
     return int(state["steps_done"])
+
+
+def drop_examples_from(run: Path, step: int) -> None:
+    path = run / "rollouts.jsonl"
+    if path.is_file():
+        kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] < step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+
+def eval_due(args, version: int) -> bool:
+    if not args.eval_prompt_data:
+        return False
+    return version == args.num_rollout or bool(args.eval_interval and version % args.eval_interval == 0)
+
+
+def stop(manager) -> None:
+    """Stop the engines the manager started, then the actor itself (also when its start-up failed)."""
+    import ray
+
+    try:
+        ray.get(manager.shutdown.remote(), timeout=60)
+    except Exception as err:  # noqa: BLE001 - a manager that failed to start has nothing to stop
+        logger.warning("rollout manager shutdown: %s", err)
+    ray.kill(manager)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,69 +152,48 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoConfig
 
-    from slime_search.arguments import actor_config, rollout_config, sampling_params
-    from slime_search.metrics import MetricsSink
-    from slime_search.plugins import load_function
+    from slime_search.arguments import actor_config, check_model_flags, model_overrides
+    from slime_search.metrics import MetricsSink, PhaseClock
+    from slime_search.ray.rollout_manager import RolloutManager
     from slime_search.ray.train_group import RayTrainGroup, TrainGroupConfig
-    from slime_search.rollout.data_source import DataConfig, DataSource
-    from slime_search.rollout.rollout import assign_advantages, split_for_data_parallel
-    from slime_search.utils.server_process import ServerProcess
-    from slime_search.weight_sync import update_engines_from_disk
 
-    if args.rollout_num_engines != 1:
-        raise SystemExit("the CPU driver runs one rollout engine: --rollout-num-engines 1")
+    hf_config = AutoConfig.from_pretrained(args.hf_checkpoint)
+    check_model_flags(args, hf_config)
     run = Path(args.save)
-    sink = MetricsSink(run, use_wandb=args.use_wandb, config=vars(args))
+    sink = MetricsSink(
+        run, use_wandb=args.use_wandb, project=args.wandb_project, group=args.wandb_group, config=vars(args)
+    )
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    vocab_size = AutoConfig.from_pretrained(args.hf_checkpoint).vocab_size
     ranks = args.actor_num_nodes * args.actor_num_gpus_per_node
     group = RayTrainGroup(TrainGroupConfig(ranks, args.tensor_model_parallel_size, use_gpu=torch.cuda.is_available()))
-    engine_argv = ["-m", "slime_search.rollout.cpu_engine_server", "--model-path", args.hf_checkpoint, "--port", "0"]
-    engine = ServerProcess(
-        [*engine_argv, "--max-batch-size", str(args.engine_max_batch_size)], log_path=run / "engine.log"
-    )
+    manager = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=2).remote(args)
     try:
-        group.load_hf(args.hf_checkpoint, actor_config(args, vocab_size))
-        args.engine_url = engine.url
-        generate = load_function(args.custom_generate_function_path)
-        reward = load_function(args.custom_rm_path)
-        data = DataConfig(
-            args.prompt_data, args.input_key, args.label_key, shuffle=args.rollout_shuffle, seed=args.rollout_seed
-        )
-        source = DataSource(data)
-        dp_size = group.config.dp_size
-        start_step = resume(args, run, group, source, engine.url)
-        for step in range(start_step, args.num_rollout):
-            times = {"start": time.perf_counter()}
-            groups, metrics = asyncio.run(
-                rollout(args, source, rollout_config(args), generate, reward, sampling_params(args))
+        config, overrides = actor_config(args, hf_config.vocab_size), model_overrides(args)
+        group.load_hf(args.hf_checkpoint, config, args.load, overrides)
+        if args.use_kl_loss:
+            group.load_reference(args.hf_checkpoint, config, args.ref_load or args.load, overrides)
+        start = resume(args, run, group, manager, sink)
+        for step in range(start, args.num_rollout):
+            if eval_due(args, step):
+                evaluate(args, manager, sink, run, step)
+            clock = PhaseClock()
+            samples, metrics, shown = wait_with_progress(
+                manager, manager.generate.remote(args.log_rollout_examples), f"rollout {step}"
             )
-            times["rollout"] = time.perf_counter()
-            samples = assign_advantages(
-                [s for g in groups for s in g], args.reward_key, args.advantage_estimator == "grpo"
-            )
-            shards = split_for_data_parallel([to_train_sample(s) for s in samples], dp_size)
-            for shard, log_probs in zip(shards, group.compute_log_probs(shards), strict=True):
-                for sample, lp in zip(shard, log_probs, strict=True):
-                    sample.old_log_probs = lp
-            metrics.update({f"train/{k}": v for k, v in group.train_step(shards).items()})
-            times["train"] = time.perf_counter()
-            weights = group.write_hf(args.hf_checkpoint, str(run / "weights" / f"step_{step + 1}"))
-            asyncio.run(update_engines_from_disk([engine.url], weights, str(step + 1)))
-            times["sync"] = time.perf_counter()
-            if args.eval_prompt_data and args.eval_interval and (step + 1) % args.eval_interval == 0:
-                metrics.update(evaluate(args, generate, reward))
-            times["eval"] = time.perf_counter()
-            for phase, before in (("rollout", "start"), ("train", "rollout"), ("sync", "train"), ("eval", "sync")):
-                metrics[f"time/{phase}_s"] = times[phase] - times[before]
-            metrics["time/step_s"] = times["eval"] - times["start"]
-            metrics["weight_version"] = step + 1
-            sink.log(step, metrics)
+            record_examples(run, step, "train", shown)
+            clock.mark("rollout")
+            metrics.update(train_on(args, group, samples))
+            clock.mark("train")
+            metrics["weight_version"] = int(sync_weights(args, group, manager, run, step + 1))
+            clock.mark("sync")
+            sink.log(step, {**metrics, **clock.times()})
             if (args.save_interval and (step + 1) % args.save_interval == 0) or step + 1 == args.num_rollout:
-                save_run(run, group, source, step + 1)
+                save_run(run, group, manager, step + 1)
+        if eval_due(args, args.num_rollout) and start <= args.num_rollout:
+            evaluate(args, manager, sink, run, args.num_rollout)
     finally:
-        engine.stop()
+        stop(manager)
         group.shutdown()
         sink.close()
     return 0

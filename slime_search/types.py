@@ -41,6 +41,7 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     weight_versions: list[str] = field(default_factory=list)
+    segments: list[tuple[str, bool]] = field(default_factory=list)  # response text spans: (text, generated)
 
     @property
     def prompt_length(self) -> int:
@@ -79,6 +80,7 @@ class Sample:
         self.rollout_log_probs.extend(span_log_probs)
         self.response_length += len(token_ids)
         self.response += text
+        self.segments.append((text, generated))
 
     def check_alignment(self) -> None:
         """Raise if the response, its mask and its log-probs disagree in length."""
@@ -113,12 +115,14 @@ class Sample:
             "metadata": dict(self.metadata),
             "metrics": dict(self.metrics),
             "weight_versions": list(self.weight_versions),
+            "segments": [list(seg) for seg in self.segments],
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Sample:
         fields = dict(data)
         fields["status"] = Status(fields.get("status", Status.PENDING.value))
+        fields["segments"] = [(str(text), bool(generated)) for text, generated in fields.get("segments", [])]
         sample = cls(**fields)
         sample.check_alignment()
         return sample

@@ -118,3 +118,17 @@ def test_grpo_steps_lower_the_loss_and_match_across_tp(tiny_checkpoint, tmp_path
         start = len(sample.tokens) - sample.response_length
         expected = [log_probs[start + i - 1, t].item() for i, t in enumerate(sample.tokens[start:])]
         assert lp == pytest.approx(expected, abs=1e-4)
+
+
+def test_rng_state_round_trips():
+    import random
+
+    import numpy as np
+
+    from slime_search.backends.megatron.checkpoint import rng_state, set_rng_state
+
+    state = rng_state()
+    draws = (random.random(), np.random.rand(), torch.rand(3))
+    set_rng_state(state)
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert draws[0] == again[0] and draws[1] == again[1] and torch.equal(draws[2], again[2])

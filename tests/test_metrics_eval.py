@@ -35,3 +35,40 @@ def test_metrics_sink_writes_jsonl(tmp_path):
     assert [r["step"] for r in sink.read()] == [0, 1]
     assert sink.read()[0]["train/loss"] == 1.25
     assert percentile([5, 1, 3, 2, 4], 0.5) == 3 and percentile([1, 2, 3, 4], 0.99) == 4
+
+
+def test_resumed_run_forgets_records_of_redone_steps(tmp_path):
+    sink = MetricsSink(tmp_path)
+    for step in range(4):
+        sink.log(step, {"train/loss": float(step)})
+    sink.drop_from(2)
+    sink.log(2, {"train/loss": 9.0})
+    assert [(r["step"], r["train/loss"]) for r in MetricsSink(tmp_path).read()] == [(0, 0.0), (1, 1.0), (2, 9.0)]
+
+
+def test_phase_clock_splits_a_step_into_consecutive_phases(monkeypatch):
+    from slime_search import metrics
+
+    ticks = iter([10.0, 12.5, 20.0, 20.25])
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(ticks))
+    clock = metrics.PhaseClock()
+    clock.mark("rollout")
+    clock.mark("train")
+    clock.mark("sync")
+    assert clock.times() == {"time/rollout_s": 2.5, "time/train_s": 7.5, "time/sync_s": 0.25, "time/step_s": 10.25}
+
+
+def test_rollout_metrics_describe_search_behaviour_and_refuse_mixed_weight_versions():
+    from slime_search.ray.rollout_manager import rollout_metrics
+
+    a, b = Sample(), Sample(metadata={"finish_reason": "search_error"})
+    a.metrics.update(turns=3, searches=2, search_latency_s=0.5, invalid_actions=1, obs_truncations=1)
+    b.metrics.update(turns=1, searches=0, search_latency_s=0.0)
+    a.weight_versions, b.weight_versions = ["4", "4"], ["4"]
+    out = rollout_metrics([a, b])
+    assert out["rollout/searches_mean"] == 1.0 and out["rollout/search_rate"] == 0.5
+    assert out["rollout/invalid_action_rate"] == 0.5 and out["rollout/search_failures"] == 1.0
+    assert out["rollout/search_latency_p50_s"] == 0.25 and out["rollout/weight_version"] == 4.0
+    b.weight_versions = ["3"]
+    with pytest.raises(RuntimeError, match="mixed weight versions"):
+        rollout_metrics([a, b])

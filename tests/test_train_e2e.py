@@ -1,7 +1,12 @@
-"""End to end on CPU: real retriever, CPU engine, Megatron ranks under Ray, weight sync by disk, eval, metrics,
-checkpoint and resume with the same command."""
+"""End to end on CPU: real retriever, CPU engine, Megatron ranks under Ray, weight sync by disk, eval, metrics;
+the run is killed (SIGKILL) mid-way and the same command continues it from the last complete checkpoint."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,24 +21,30 @@ from tests.retriever_helpers import write_tiny_corpus
 pytestmark = pytest.mark.timeout(900)
 
 
-def load_file_once(path):
+def load_weights(path):
     from safetensors.torch import load_file
 
     return load_file(path)
 
 
-def test_two_grpo_steps_update_the_engine_and_write_metrics(tiny_checkpoint, tmp_path):
-    import ray
+def wait_for_checkpoint(run, proc, iteration: int, timeout_s: float = 600) -> None:
+    tracker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if tracker.is_file() and tracker.read_text().strip() == str(iteration):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"training exited early with {proc.returncode}: {(run.parent / 'log1.txt').read_text()}"
+            )
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint {iteration} within {timeout_s} s")
 
-    from slime_search.train import main
 
+def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_path):
     write_tiny_corpus(tmp_path / "corpus.jsonl")
-    assert (
-        build_index.main(
-            ["--retriever-name", "bm25", "--corpus-path", str(tmp_path / "corpus.jsonl"), "--save-dir", str(tmp_path)]
-        )
-        == 0
-    )
+    index_args = ["--retriever-name", "bm25", "--corpus-path", str(tmp_path / "corpus.jsonl"), "--save-dir"]
+    assert build_index.main([*index_args, str(tmp_path)]) == 0
     rows = [
         make_row({"question": f"where does the {c} otter live", "golden_answers": ["valley"]}, "nq", "train", i)
         for i, c in enumerate(["red", "blue", "green", "black"])
@@ -41,53 +52,51 @@ def test_two_grpo_steps_update_the_engine_and_write_metrics(tiny_checkpoint, tmp
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
     pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "eval.parquet")
     run = tmp_path / "run"
-
-    def train(num_rollout):
-        return main(
-            [
-                "--hf-checkpoint", str(tiny_checkpoint), "--save", str(run),
-                "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template", "--rollout-shuffle",
-                "--num-rollout", str(num_rollout), "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-                "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
-                "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--entropy-coef", "0.01",
-                "--eval-prompt-data", "nq", str(tmp_path / "eval.parquet"), "--eval-interval", "1", "--save-interval", "1",
-            ]
-        )  # fmt: skip
-
-    with RetrievalServerProcess(
-        "--retriever-name",
-        "bm25",
-        "--index-path",
-        str(tmp_path / "bm25"),
-        "--corpus-path",
-        str(tmp_path / "corpus.jsonl"),
-    ) as retriever:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    retriever_args = ["--index-path", str(tmp_path / "bm25"), "--corpus-path", str(tmp_path / "corpus.jsonl")]
+    with RetrievalServerProcess("--retriever-name", "bm25", *retriever_args) as retriever:
+        command = [
+            sys.executable, "-m", "slime_search.train",
+            "--hf-checkpoint", str(tiny_checkpoint), "--save", str(run),
+            "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template", "--rollout-shuffle",
+            "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+            "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
+            "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--entropy-coef", "0.01",
+            "--use-kl-loss", "--kl-loss-coef", "0.001",
+            "--eval-prompt-data", "nq", str(tmp_path / "eval.parquet"), "--eval-interval", "2", "--save-interval", "1",
+        ]  # fmt: skip
+        with open(tmp_path / "log1.txt", "w") as log:
+            # its own session, so that SIGKILL reaches the driver and every process it started, and nothing else
+            first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            # a run stopped after step 1, then the same command asked for 2 steps: it resumes at step 2
-            assert train(1) == 0
-            first_weights = load_file_once(run / "weights" / "step_1" / "model.safetensors")
-            code = train(2)
+            wait_for_checkpoint(run, first, 1)
+            first_weights = load_weights(run / "weights" / "step_1" / "model.safetensors")
         finally:
-            ray.shutdown()
-    assert code == 0
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+        second = subprocess.run(command, capture_output=True, text=True, timeout=800)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1] and [r["weight_version"] for r in records] == [1, 2]
-    for record in records:
-        assert {
-            "train/loss",
-            "train/grad_norm",
-            "rollout/groups",
-            "eval/nq/em",
-            "time/rollout_s",
-            "time/train_s",
-        } <= set(record)
-    before = load_file_once(tiny_checkpoint / "model.safetensors")
-    after = load_file_once(run / "weights" / "step_2" / "model.safetensors")
-    # a random policy earns no reward (zero advantages), so the entropy term is what moves the weights here
+    train = [r for r in records if "train/loss" in r]
+    evals = [r for r in records if "eval/em" in r]
+    assert [r["step"] for r in train] == [0, 1, 2]  # each step once, although step 1 (or 2) was cut off
+    assert [r["weight_version"] for r in train] == [1, 2, 3]  # what the engine reported after each sync
+    # the engine served version k to the rollout of step k: the resumed run re-synced the step-1 checkpoint
+    assert [r["rollout/weight_version"] for r in train] == [0, 1, 2]
+    assert [r["step"] for r in evals] == [0, 2, 3]
+    for record in train:
+        assert {"train/loss", "train/kl_loss", "train/grad_norm", "rollout/groups", "time/rollout_s"} <= set(record)
+        assert {"time/train_s", "time/sync_s", "rollout/searches_mean"} <= set(record)
+    assert {"eval/nq/em", "eval/search_rate", "eval/turns"} <= set(evals[-1])
+
+    before = load_weights(tiny_checkpoint / "model.safetensors")
+    after = load_weights(run / "weights" / "step_3" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    # the resumed run re-synced the step-1 checkpoint (identical weights) and step 2 moved on from it
-    resynced = load_file_once(run / "weights" / "step_1" / "model.safetensors")
-    assert all(torch.equal(first_weights[k], v) for k, v in resynced.items())
     assert any(not torch.equal(first_weights[k], after[k]) for k in after)
-    assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert not (run / "weights" / "step_1").exists()  # only the newest synced copy is kept
+    assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "3"
+    examples = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted({(e["kind"], e["step"]) for e in examples}) == [
+        ("eval", 0), ("eval", 2), ("eval", 3), ("train", 0), ("train", 1), ("train", 2)
+    ]  # fmt: skip
+    assert all(e["segments"] and e["prompt"] for e in examples)

@@ -44,21 +44,47 @@ class TrainRank:
         init_megatron(rank, world_size, tp_size=tp_size, master_port=master_port)
         self.rank = rank
         self.actor = None
+        self.reference = None
         self.shape = None
 
-    def load_hf(self, hf_checkpoint: str, actor_config) -> None:
+    def _build(self, hf_checkpoint: str, weights_from: str | None, model_overrides: dict):
+        """A model with the HF checkpoint's architecture; weights from the HF folder, or a torch_dist folder."""
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         from megatron_bridge import Qwen2Shape
-        from slime_search.backends.megatron.actor import MegatronActor
+        from slime_search.backends.megatron.checkpoint import load_model
         from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights
 
-        hf = AutoModelForCausalLM.from_pretrained(hf_checkpoint, dtype=torch.float32)
-        self.shape, options = Qwen2Shape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
+        hf_config = AutoConfig.from_pretrained(hf_checkpoint)
+        self.shape = Qwen2Shape.from_hf_config(hf_config)
+        options = ModelOptions.from_hf_config(hf_config, **model_overrides)
         model = build_gpt_model(self.shape, options)
-        load_hf_weights(model, hf.state_dict(), self.shape, options)
-        self.actor = MegatronActor(model, actor_config)
+        if weights_from is None:
+            hf = AutoModelForCausalLM.from_pretrained(hf_checkpoint, dtype=torch.float32)
+            load_hf_weights(model, hf.state_dict(), self.shape, options)
+        else:
+            load_model(model, weights_from)
+        return model
+
+    def load_hf(
+        self, hf_checkpoint: str, actor_config, load: str | None = None, model_overrides: dict | None = None
+    ) -> None:
+        """The actor, initialised from the HF checkpoint or, with `load`, from a torch_dist checkpoint."""
+        from slime_search.backends.megatron.actor import MegatronActor
+
+        self.actor = MegatronActor(self._build(hf_checkpoint, load, model_overrides or {}), actor_config)
+
+    def load_reference(
+        self, hf_checkpoint: str, actor_config, ref_load: str | None = None, model_overrides: dict | None = None
+    ) -> None:
+        """The frozen reference policy for the KL term: `--ref-load` (torch_dist) or the HF weights."""
+        from slime_search.backends.megatron.actor import ReferenceModel
+
+        self.reference = ReferenceModel(self._build(hf_checkpoint, ref_load, model_overrides or {}), actor_config)
+
+    def compute_ref_log_probs(self, samples) -> list[list[float]]:
+        return self.reference.compute_log_probs(samples)
 
     def compute_log_probs(self, samples) -> list[list[float]]:
         return self.actor.compute_log_probs(samples)
@@ -114,19 +140,36 @@ class RayTrainGroup:
             raise ValueError(f"{len(shards)} data shards for {self.config.dp_size} data-parallel ranks")
         return [shards[r // self.config.tp_size] for r in range(self.config.num_ranks)]
 
-    def load_hf(self, hf_checkpoint: str, actor_config) -> None:
+    def load_hf(
+        self, hf_checkpoint: str, actor_config, load: str | None = None, model_overrides: dict | None = None
+    ) -> None:
         import ray
 
-        ray.get([rank.load_hf.remote(hf_checkpoint, actor_config) for rank in self.ranks])
+        ray.get([rank.load_hf.remote(hf_checkpoint, actor_config, load, model_overrides) for rank in self.ranks])
+
+    def load_reference(
+        self, hf_checkpoint: str, actor_config, ref_load: str | None = None, model_overrides: dict | None = None
+    ) -> None:
+        import ray
+
+        ray.get(
+            [rank.load_reference.remote(hf_checkpoint, actor_config, ref_load, model_overrides) for rank in self.ranks]
+        )
+
+    def _log_probs(self, method: str, shards: list[list[Any]]) -> list[list[list[float]]]:
+        import ray
+
+        pairs = zip(self.ranks, self._per_rank(shards), strict=True)
+        results = ray.get([getattr(rank, method).remote(data) for rank, data in pairs])
+        return [results[d * self.config.tp_size] for d in range(self.config.dp_size)]
 
     def compute_log_probs(self, shards: list[list[Any]]) -> list[list[list[float]]]:
-        """Per data-parallel shard, the log-probs (from the shard's first TP rank)."""
-        import ray
+        """Per data-parallel shard, the policy's log-probs (from the shard's first TP rank)."""
+        return self._log_probs("compute_log_probs", shards)
 
-        results = ray.get(
-            [rank.compute_log_probs.remote(data) for rank, data in zip(self.ranks, self._per_rank(shards), strict=True)]
-        )
-        return [results[d * self.config.tp_size] for d in range(self.config.dp_size)]
+    def compute_ref_log_probs(self, shards: list[list[Any]]) -> list[list[list[float]]]:
+        """Per data-parallel shard, the reference model's log-probs."""
+        return self._log_probs("compute_ref_log_probs", shards)
 
     def train_step(self, shards: list[list[Any]]) -> dict[str, float]:
         """One optimizer step; returns rank 0's metrics with the loss summed over data-parallel ranks."""

@@ -51,14 +51,14 @@ async def _one_sample(
     reward: RewardFn,
     params: dict,
     slots: asyncio.Semaphore,
-    config: RolloutConfig,
+    done: Callable[[Sample], Sample],
 ) -> Sample:
     sample = Sample(prompt=item.prompt, label=item.label, group_index=group, index=index, metadata=dict(item.metadata))
     async with slots:
         sample = await generate(args, sample, dict(params))
     if sample.trainable:
         sample.reward = await reward(args, sample)
-    return sample
+    return done(sample)
 
 
 def has_signal(group: list[Sample], key: str) -> bool:
@@ -74,17 +74,30 @@ async def generate_rollout(
     reward: RewardFn,
     sampling_params: dict,
     first_group_index: int = 0,
+    on_sample: Callable[[int, int], None] | None = None,
 ) -> tuple[list[list[Sample]], dict[str, float]]:
-    """`batch_size` groups of samples (fewer only if over-sampling rounds run out); metrics of the rollout."""
+    """`batch_size` groups of samples (fewer only if over-sampling rounds run out); metrics of the rollout.
+
+    `on_sample(done, total)` is called as samples finish (for a progress bar); total grows with over-sampling.
+    """
     slots = asyncio.Semaphore(config.max_concurrency)
     kept: list[list[Sample]] = []
     group_index = first_group_index
     dropped = 0
+    progress = [0, 0]
+
+    def finished(sample: Sample) -> Sample:
+        progress[0] += 1
+        if on_sample is not None:
+            on_sample(*progress)
+        return sample
+
     for _ in range(config.max_oversample_rounds + 1):
         needed = config.batch_size - len(kept)
         if needed <= 0:
             break
         prompts = source.take(needed)
+        progress[1] += len(prompts) * config.n_samples_per_prompt
         tasks = []
         for item in prompts:
             tasks.append(
@@ -99,7 +112,7 @@ async def generate_rollout(
                             reward,
                             sampling_params,
                             slots,
-                            config,
+                            finished,
                         )
                         for j in range(config.n_samples_per_prompt)
                     )

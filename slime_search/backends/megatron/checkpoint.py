@@ -72,10 +72,42 @@ def _optimizer_file(root: str | Path, iteration: int) -> Path:
     return iteration_dir(root, iteration) / f"optimizer_rank{dist.get_rank():05d}.pt"
 
 
-def save_actor(actor, root: str | Path, iteration: int) -> Path:
-    """Model (torch_dist, reshardable) and optimizer state (per rank, same parallel layout to resume).
+def _rng_file(root: str | Path, iteration: int) -> Path:
+    import torch.distributed as dist
 
-    The optimizer files are written before the model and the tracker, so the tracker only ever names a
+    return iteration_dir(root, iteration) / f"rng_rank{dist.get_rank():05d}.pt"
+
+
+def rng_state() -> dict:
+    """This process's random states (python, numpy, torch CPU and CUDA), to continue a run bit for bit."""
+    import random
+
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_actor(actor, root: str | Path, iteration: int) -> Path:
+    """Model (torch_dist, reshardable), optimizer state and RNG state (per rank, same parallel layout to resume).
+
+    The optimizer and RNG files are written before the model and the tracker, so the tracker only ever names a
     complete iteration.
     """
     import torch
@@ -87,6 +119,7 @@ def save_actor(actor, root: str | Path, iteration: int) -> Path:
     dist.barrier()
     if hasattr(actor.optimizer, "state_dict"):
         torch.save(actor.optimizer.state_dict(), _optimizer_file(root, iteration))
+    torch.save(rng_state(), _rng_file(root, iteration))
     return save_model(actor.model.module, root, iteration)
 
 
@@ -99,4 +132,6 @@ def load_actor(actor, root: str | Path, iteration: int | None = None, load_optim
         if not path.is_file():
             raise FileNotFoundError(f"no optimizer state {path}: resume needs the parallel layout it was saved with")
         actor.optimizer.load_state_dict(torch.load(path, weights_only=False))
+    if load_optimizer and _rng_file(root, iteration).is_file():
+        set_rng_state(torch.load(_rng_file(root, iteration), weights_only=False))
     return iteration

@@ -8,15 +8,16 @@ from megatron_bridge import Qwen2Shape
 from slime_search.backends.megatron.model import ModelOptions
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> argparse.ArgumentParser:
+    """`required=False` (training): the flags are optional, and when given they are checked against config.json."""
     group = parser.add_argument_group("model (Megatron flags, see scripts/models/)")
-    group.add_argument("--num-layers", type=int, required=True)
-    group.add_argument("--hidden-size", type=int, required=True)
-    group.add_argument("--ffn-hidden-size", type=int, required=True)
-    group.add_argument("--num-attention-heads", type=int, required=True)
+    group.add_argument("--num-layers", type=int, required=required)
+    group.add_argument("--hidden-size", type=int, required=required)
+    group.add_argument("--ffn-hidden-size", type=int, required=required)
+    group.add_argument("--num-attention-heads", type=int, required=required)
     group.add_argument("--group-query-attention", action="store_true")
     group.add_argument("--num-query-groups", type=int, default=None)
-    group.add_argument("--vocab-size", type=int, required=True)
+    group.add_argument("--vocab-size", type=int, required=required)
     group.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     group.add_argument("--swiglu", action="store_true")
     group.add_argument("--use-rotary-position-embeddings", action="store_true")
