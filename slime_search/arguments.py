@@ -97,8 +97,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--global-batch-size {args.global_batch_size} must divide the {samples} samples of a rollout "
             "(--rollout-batch-size x --n-samples-per-prompt)"
         )
-    if args.colocate and not args.rollout_num_gpus:
-        raise SystemExit("--colocate places SGLang engines on the actor's GPUs: set --rollout-num-gpus")
+    if args.colocate:
+        raise SystemExit(
+            "--colocate (engines on the actor's GPUs, memory released between phases) is not supported; "
+            "give the engines GPUs of their own with --rollout-num-gpus"
+        )
     return args
 
 

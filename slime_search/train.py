@@ -167,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     ranks = args.actor_num_nodes * args.actor_num_gpus_per_node
     group = RayTrainGroup(TrainGroupConfig(ranks, args.tensor_model_parallel_size, use_gpu=torch.cuda.is_available()))
-    manager = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=2).remote(args)
+    # the engines' GPUs are the manager's: Ray keeps them apart from the actor's and sets CUDA_VISIBLE_DEVICES
+    rollout_gpus = args.rollout_num_gpus if torch.cuda.is_available() else 0
+    manager = ray.remote(RolloutManager).options(num_cpus=0, num_gpus=rollout_gpus, max_concurrency=2).remote(args)
     try:
         config, overrides = actor_config(args, hf_config.vocab_size), model_overrides(args)
         group.load_hf(args.hf_checkpoint, config, args.load, overrides)

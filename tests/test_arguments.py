@@ -39,6 +39,23 @@ def test_model_flags_from_scripts_are_checked_against_the_checkpoint(tiny_checkp
         check_model_flags(parse(*model_args("qwen2.5-3B")), config)
 
 
-def test_colocate_needs_rollout_gpus():
-    with pytest.raises(SystemExit):
-        parse("--colocate")
+def test_colocate_is_refused_with_the_alternative():
+    with pytest.raises(SystemExit, match="--rollout-num-gpus"):
+        parse("--colocate", "--rollout-num-gpus", "4")
+
+
+def test_the_3b_run_script_passes_only_flags_the_driver_accepts():
+    import os
+    import subprocess
+
+    from tests.conftest import REPO_ROOT
+
+    script = REPO_ROOT / "examples" / "search-r1" / "run_qwen2.5_3B.sh"
+    env = {**os.environ, "DRY_RUN": "1", "USE_TIS": "1"}
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True).stdout
+    command = out.splitlines()
+    assert command[1].endswith("/train.py")
+    args = parse_args(command[2:])
+    assert (args.tensor_model_parallel_size, args.sequence_parallel, args.use_tis) == (2, True, True)
+    assert (args.kl_loss_type, args.kl_loss_coef, args.eps_clip, args.eps_clip_high) == ("low_var_kl", 0.001, 0.2, 0.28)
+    assert args.num_layers == 36 and steps_per_rollout(args) == 1

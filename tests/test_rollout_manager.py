@@ -99,3 +99,18 @@ def test_advantages_skip_failed_samples_and_split_balances_tokens():
     assert sorted(loads) == [11, 14] and sum(len(s) for s in shards) == 5
     with pytest.raises(ValueError, match="cannot feed 8"):
         split_for_data_parallel(trainable, 8)
+
+
+def test_row_range_suffix_selects_rows_like_slime(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slime_search.rollout.data_source import load_rows
+
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "t.parquet")
+    path = tmp_path / "t.parquet"
+    assert [r["extra_info"]["index"] for r in load_rows(f"{path}@[2:5]")] == [2, 3, 4]
+    assert len(load_rows(f"{path}@[:3]")) == 3 and len(load_rows(f"{path}@[7:]")) == 3
+    assert len(load_rows(path)) == 10
+    with pytest.raises(FileNotFoundError):
+        load_rows(f"{tmp_path / 'missing.parquet'}@[0:3]")

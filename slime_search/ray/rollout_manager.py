@@ -32,14 +32,12 @@ class Engines:
 
 
 def start_engines(args, log_dir: Path) -> Engines:
-    """SGLang engines + router when a GPU and --rollout-num-gpus are there; else one CPU engine server."""
-    import torch
-
+    """SGLang engines + router with --rollout-num-gpus (on the GPUs Ray gave this actor); else one CPU engine."""
     from slime_search.utils.server_process import ServerProcess
 
     if args.engine_url:
         return Engines(args.engine_url, [args.engine_url])
-    if torch.cuda.is_available() and args.rollout_num_gpus:
+    if args.rollout_num_gpus:
         from slime_search.backends.megatron.distributed import free_port
         from slime_search.rollout import sglang_launch
 
@@ -49,7 +47,6 @@ def start_engines(args, log_dir: Path) -> Engines:
             args.rollout_num_gpus_per_engine,
             first_port=free_port(),
             mem_fraction_static=args.sglang_mem_fraction_static,
-            first_gpu=0 if args.colocate else args.actor_num_nodes * args.actor_num_gpus_per_node,
         )
         deployment = sglang_launch.launch(specs, "127.0.0.1", args.sglang_router_port or free_port())
         return Engines(deployment.router_url, [s.url for s in specs], [deployment])

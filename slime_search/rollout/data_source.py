@@ -31,12 +31,24 @@ class PromptItem:
     metadata: dict[str, Any]
 
 
+def split_row_range(path: str) -> tuple[str, slice]:
+    """slime's `FILE@[start:end]` (either bound optional) selects rows of a file; a plain path selects all."""
+    import re
+
+    match = re.fullmatch(r"(.+)@\[(-?\d*):(-?\d*)\]", str(path))
+    if match is None:
+        return str(path), slice(None)
+    file, start, end = match.groups()
+    return file, slice(int(start) if start else None, int(end) if end else None)
+
+
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
     from slime_search.search_r1.qa_data import read_prompt_file
 
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"prompt data not found: {path}")
-    return read_prompt_file(path)
+    file, rows = split_row_range(str(path))
+    if not Path(file).is_file():
+        raise FileNotFoundError(f"prompt data not found: {file}")
+    return read_prompt_file(file)[rows]
 
 
 class DataSource:

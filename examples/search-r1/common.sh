@@ -1,0 +1,75 @@
+# Helpers for the run scripts: start the services a run needs, wait until they answer, and on exit stop exactly
+# the processes this script started (by PID; never by name). Source it, then call the functions.
+
+STARTED_PIDS=()
+
+stop_started() {
+   local pid
+   for pid in "${STARTED_PIDS[@]}"; do
+      kill -TERM "${pid}" 2>/dev/null || true
+   done
+   for pid in "${STARTED_PIDS[@]}"; do
+      wait "${pid}" 2>/dev/null || true
+   done
+   STARTED_PIDS=()
+}
+trap stop_started EXIT
+trap 'exit 130' INT TERM
+
+# wait_http URL SECONDS PID: poll URL until it answers 200, failing early if process PID has exited.
+wait_http() {
+   local url=$1 seconds=$2 pid=$3 waited=0
+   until python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" "${url}" 2>/dev/null; do
+      if ! kill -0 "${pid}" 2>/dev/null; then
+         echo "process ${pid} exited before ${url} answered" >&2
+         return 1
+      fi
+      if (( waited >= seconds )); then
+         echo "${url} did not answer within ${seconds} s" >&2
+         return 1
+      fi
+      sleep 1
+      waited=$((waited + 1))
+   done
+}
+
+# start_retriever PORT LOG ARGS...: the retrieval server on 127.0.0.1:PORT; sets SEARCH_URL.
+start_retriever() {
+   local port=$1 log=$2
+   shift 2
+   python3 "${REPO_ROOT}/local_dense_retriever/retrieval_server.py" --host 127.0.0.1 --port "${port}" "$@" \
+      >"${log}" 2>&1 &
+   STARTED_PIDS+=($!)
+   echo "retriever (pid $!) starting; log: ${log}"
+   wait_http "http://127.0.0.1:${port}/health" "${RETRIEVER_START_TIMEOUT:-1800}" "$!"
+   SEARCH_URL="http://127.0.0.1:${port}/retrieve"
+}
+
+# start_ray_head PORT NUM_GPUS LOG: a Ray head in the foreground of a background job (--block), so stopping that
+# one PID stops the Ray processes it started; sets RAY_ADDRESS for the driver.
+start_ray_head() {
+   local port=$1 gpus=$2 log=$3
+   ray start --head --block --node-ip-address 127.0.0.1 --port "${port}" --num-gpus "${gpus}" \
+      --include-dashboard false --disable-usage-stats >"${log}" 2>&1 &
+   STARTED_PIDS+=($!)
+   local pid=$! waited=0
+   until ray status --address "127.0.0.1:${port}" >/dev/null 2>&1; do
+      if ! kill -0 "${pid}" 2>/dev/null || (( waited >= 120 )); then
+         echo "Ray head did not start; log: ${log}" >&2
+         return 1
+      fi
+      sleep 1
+      waited=$((waited + 1))
+   done
+   export RAY_ADDRESS="127.0.0.1:${port}"
+   echo "Ray head (pid ${pid}) at ${RAY_ADDRESS}"
+}
+
+# run_or_print ARGS...: run the command, or with DRY_RUN=1 print it one argument per line (for checking flags).
+run_or_print() {
+   if [[ "${DRY_RUN:-0}" == "1" ]]; then
+      printf '%s\n' "$@"
+   else
+      "$@"
+   fi
+}

@@ -1,0 +1,120 @@
+#!/bin/bash
+# Search-R1 GRPO on Qwen2.5-3B, one node with 8 GPUs: 4 for the Megatron actor (TP 2 x DP 2, sequence
+# parallel) and 4 for SGLang (2 engines of TP 2). Prepare data, index and checkpoints as in README.md, then
+#    bash examples/search-r1/run_qwen2.5_3B.sh
+# The script starts the retriever (unless SEARCH_URL is set) and a Ray head, and stops both when it ends.
+# Run it again with the same RUN_DIR to continue from the last checkpoint. USE_TIS=1 turns on TIS.
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+
+SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
+REPO_ROOT="$(cd -- "${SCRIPT_DIR}/../.." && pwd)"
+source "${REPO_ROOT}/scripts/models/qwen2.5-3B.sh"
+source "${SCRIPT_DIR}/common.sh"
+
+MODEL_DIR=${MODEL_DIR:-models/Qwen2.5-3B}
+DATA_DIR=${DATA_DIR:-data/nq_hotpotqa_train}
+INDEX_DIR=${INDEX_DIR:-indexes}
+RUN_DIR=${RUN_DIR:-runs/search-r1-qwen2.5-3B}
+ACTOR_GPUS=${ACTOR_GPUS:-4}
+ROLLOUT_GPUS=${ROLLOUT_GPUS:-4}
+RETRIEVER_PORT=${RETRIEVER_PORT:-8000}
+RAY_PORT=${RAY_PORT:-6380}
+USE_TIS=${USE_TIS:-0}
+
+CKPT_ARGS=(
+   --hf-checkpoint "${MODEL_DIR}"
+   --load "${MODEL_DIR}_torch_dist"
+   --ref-load "${MODEL_DIR}_torch_dist"
+   --save "${RUN_DIR}"
+   --save-interval 20
+)
+
+ROLLOUT_ARGS=(
+   --prompt-data "${DATA_DIR}/train.parquet"
+   --input-key prompt
+   --label-key reward_model
+   --apply-chat-template
+   --rollout-shuffle
+   --num-rollout 1000
+   --rollout-batch-size 32
+   --n-samples-per-prompt 8
+   --global-batch-size 256
+   --rollout-max-response-len 512
+   --rollout-temperature 1
+)
+
+EVAL_ARGS=(
+   --eval-interval 25
+   --eval-prompt-data nq_test "${DATA_DIR}/test.parquet@[0:3000]"
+)
+
+PERF_ARGS=(
+   --actor-num-nodes 1
+   --actor-num-gpus-per-node "${ACTOR_GPUS}"
+   --tensor-model-parallel-size 2
+   --sequence-parallel
+   --bf16
+   --max-tokens-per-gpu 9216
+)
+
+GRPO_ARGS=(
+   --advantage-estimator grpo
+   --use-kl-loss
+   --kl-loss-coef 0.001
+   --kl-loss-type low_var_kl
+   --entropy-coef 0.00
+   --eps-clip 0.2
+   --eps-clip-high 0.28
+)
+if [[ "${USE_TIS}" == "1" ]]; then
+   GRPO_ARGS+=(--use-tis --tis-cap 2.0)
+fi
+
+OPTIMIZER_ARGS=(
+   --optimizer adam
+   --lr 1e-6
+   --lr-decay-style constant
+   --weight-decay 0.01
+   --adam-beta1 0.9
+   --adam-beta2 0.98
+)
+
+SGLANG_ARGS=(
+   --rollout-num-gpus "${ROLLOUT_GPUS}"
+   --rollout-num-gpus-per-engine 2
+   --sglang-mem-fraction-static 0.7
+)
+
+CUSTOM_ARGS=(
+   --custom-generate-function-path slime_search.search_r1.generate.generate
+   --custom-rm-path slime_search.search_r1.reward.reward_func
+   --search-backend local
+   --search-topk 3
+   --max-turns 2
+   --max-obs-tokens 500
+)
+
+WANDB_ARGS=(
+   # --use-wandb --wandb-project slime-search --wandb-group search-r1-qwen2.5-3B
+)
+
+TRAIN=(
+   python3 "${REPO_ROOT}/train.py"
+   "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${EVAL_ARGS[@]}" "${PERF_ARGS[@]}"
+   "${GRPO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${SGLANG_ARGS[@]}" "${CUSTOM_ARGS[@]}" "${WANDB_ARGS[@]}"
+)
+
+if [[ "${DRY_RUN:-0}" == "1" ]]; then
+   run_or_print "${TRAIN[@]}" --search-url "${SEARCH_URL:-http://127.0.0.1:${RETRIEVER_PORT}/retrieve}"
+   exit 0
+fi
+
+mkdir -p "${RUN_DIR}"
+if [[ -z "${SEARCH_URL:-}" ]]; then
+   start_retriever "${RETRIEVER_PORT}" "${RUN_DIR}/retriever.log" \
+      --index-path "${INDEX_DIR}/e5_Flat.index" --corpus-path "${INDEX_DIR}/wiki-18.jsonl" \
+      --retriever-name e5 --retriever-model intfloat/e5-base-v2 --topk 3
+fi
+start_ray_head "${RAY_PORT}" "$((ACTOR_GPUS + ROLLOUT_GPUS))" "${RUN_DIR}/ray_head.log"
+run_or_print "${TRAIN[@]}" --search-url "${SEARCH_URL}"
