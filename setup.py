@@ -26,6 +26,7 @@ CORE = [
     "pandas>=2",
     "numpy>=1.26",
     "tqdm>=4.66",
+    "matplotlib>=3.8",  # the run report's curves
 ]
 
 # Never imported at module import time: only on GPU code paths.

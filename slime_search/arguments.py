@@ -87,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     if len(args.eval_prompt_data) % 2:
         raise SystemExit("--eval-prompt-data takes pairs: NAME PATH [NAME PATH ...]")
+    if args.loss_type == "sft" and args.eval_prompt_data:
+        raise SystemExit("--loss-type sft trains on another engine's samples; evaluate the policy in the RL run")
     if args.use_kl_loss and args.loss_type == "sft":
         raise SystemExit("--use-kl-loss applies to --loss-type policy_loss")
     if args.kl_loss_coef and not args.use_kl_loss:

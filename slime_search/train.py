@@ -106,13 +106,14 @@ def resume(args, run: Path, group, manager, sink) -> int:
 
     done = latest_iteration(run / "checkpoints")
     if done is None:
-        if args.load:  # the engines started from the HF weights; give them the --load weights
+        if args.load and serves_policy(args):  # the engines started from the HF weights; give them --load's
             sync_weights(args, group, manager, run, 0)
         return 0
     state = json.loads((iteration_dir(run / "checkpoints", done) / "rollout_state.json").read_text())
     group.load(str(run / "checkpoints"))
     ray.get(manager.load_state_dict.remote(state))
-    sync_weights(args, group, manager, run, done)
+    if serves_policy(args):
+        sync_weights(args, group, manager, run, done)
     sink.drop_from(done)  # steps after the checkpoint are redone
     drop_examples_from(run, done)
     logger.info("resumed after step %d", done)
@@ -126,10 +127,22 @@ def drop_examples_from(run: Path, step: int) -> None:
         path.write_text("".join(line + "\n" for line in kept))
 
 
+def serves_policy(args) -> bool:
+    """Whether the engine generates with the policy being trained. In SFT the samples come from elsewhere (a
+    demonstrator behind --engine-url), so no weights are pushed to it."""
+    return args.loss_type != "sft"
+
+
 def eval_due(args, version: int) -> bool:
-    if not args.eval_prompt_data:
+    if not args.eval_prompt_data or not serves_policy(args):
         return False
     return version == args.num_rollout or bool(args.eval_interval and version % args.eval_interval == 0)
+
+
+def write_report(run: Path) -> None:
+    from slime_search.report import render_report
+
+    logger.info("report: %s", render_report(run))
 
 
 def stop(manager) -> None:
@@ -187,13 +200,15 @@ def main(argv: list[str] | None = None) -> int:
             clock.mark("rollout")
             metrics.update(train_on(args, group, samples))
             clock.mark("train")
-            metrics["weight_version"] = int(sync_weights(args, group, manager, run, step + 1))
-            clock.mark("sync")
+            if serves_policy(args):
+                metrics["weight_version"] = int(sync_weights(args, group, manager, run, step + 1))
+                clock.mark("sync")
             sink.log(step, {**metrics, **clock.times()})
             if (args.save_interval and (step + 1) % args.save_interval == 0) or step + 1 == args.num_rollout:
                 save_run(run, group, manager, step + 1)
         if eval_due(args, args.num_rollout) and start <= args.num_rollout:
             evaluate(args, manager, sink, run, args.num_rollout)
+        write_report(run)
     finally:
         stop(manager)
         group.shutdown()

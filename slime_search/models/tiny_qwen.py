@@ -67,6 +67,7 @@ class TinyQwen2Config:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = True
     seed: int = 0
+    eos_token_id: int = 151643  # <|endoftext|> of Qwen2's tokenizer
 
 
 def build_tiny_qwen2(config: TinyQwen2Config = TinyQwen2Config()):
@@ -84,8 +85,8 @@ def build_tiny_qwen2(config: TinyQwen2Config = TinyQwen2Config()):
         tie_word_embeddings=config.tie_word_embeddings,
         rope_theta=1_000_000.0,
         rms_norm_eps=1e-6,
-        bos_token_id=151643,
-        eos_token_id=151643,
+        bos_token_id=config.eos_token_id,
+        eos_token_id=config.eos_token_id,
         torch_dtype="float32",
     )
     torch.manual_seed(config.seed)

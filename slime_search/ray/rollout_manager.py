@@ -90,7 +90,7 @@ def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
     versions = {v for s in samples for v in s.weight_versions}
     if len(versions) > 1:
         raise RuntimeError(f"a rollout mixed weight versions {sorted(versions)}; engines were updated mid-rollout")
-    if versions:
+    if versions and next(iter(versions)).isdigit():  # a scripted engine (no weights) may name its version
         out["rollout/weight_version"] = float(versions.pop())
     return out
 

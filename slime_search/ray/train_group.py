@@ -39,8 +39,14 @@ class TrainRank:
     """One Megatron rank inside a Ray actor (wrapped by ray.remote in RayTrainGroup)."""
 
     def __init__(self, rank: int, world_size: int, tp_size: int, master_port: int):
+        import os
+
+        import torch
+
         from slime_search.backends.megatron.distributed import init_megatron
 
+        if not torch.cuda.is_available():  # Ray sets one thread for fractional-CPU actors; share the cores instead
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         init_megatron(rank, world_size, tp_size=tp_size, master_port=master_port)
         self.rank = rank
         self.actor = None

@@ -1,0 +1,96 @@
+#!/bin/bash
+# Search-R1 in miniature, on CPU: a policy trained from scratch learns, by RL, to search before answering.
+#    bash examples/search-r1/run_miniature_cpu.sh            # RUN_DIR=runs/miniature by default
+# 1. a synthetic task (fictional people and companies; questions only the corpus answers, some two-hop)
+# 2. a tiny Qwen2 policy with a tokenizer trained on the task's text
+# 3. a BM25 index of the corpus, served by the retrieval server
+# 4. SFT warm start on a scripted demonstrator that searches only part of the time and guesses otherwise
+# 5. GRPO with search from that start, evaluated on held-out questions (greedy), and the report
+# The script starts the retriever and the demonstrator, and stops exactly those when it ends (by PID).
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+
+SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
+REPO_ROOT="$(cd -- "${SCRIPT_DIR}/../.." && pwd)"
+source "${SCRIPT_DIR}/common.sh"
+
+RUN_DIR=${RUN_DIR:-runs/miniature}
+SEED=${SEED:-0}
+PEOPLE=${PEOPLE:-1200}
+COMPANIES=${COMPANIES:-300}
+HELDOUT=${HELDOUT:-64}
+SEARCH_PROB=${SEARCH_PROB:-0.3}
+SFT_STEPS=${SFT_STEPS:-100}
+SFT_BATCH=${SFT_BATCH:-32}
+SFT_LR=${SFT_LR:-3e-3}
+RL_STEPS=${RL_STEPS:-20}
+RL_PROMPTS=${RL_PROMPTS:-8}
+RL_SAMPLES=${RL_SAMPLES:-8}
+RL_LR=${RL_LR:-1e-3}
+EVAL_INTERVAL=${EVAL_INTERVAL:-5}
+RETRIEVER_PORT=${RETRIEVER_PORT:-8790}
+DEMO_PORT=${DEMO_PORT:-8791}
+POLICY_ARGS=(--hidden-size "${HIDDEN_SIZE:-128}" --num-layers "${NUM_LAYERS:-2}" --num-heads 4 --intermediate-size 384)
+
+mkdir -p "${RUN_DIR}"
+python3 -m slime_search.miniature.task --out "${RUN_DIR}/task" --seed "${SEED}" \
+   --people "${PEOPLE}" --companies "${COMPANIES}" --heldout-limit "${HELDOUT}"
+python3 -m slime_search.miniature.policy --task "${RUN_DIR}/task" --out "${RUN_DIR}/policy" \
+   --seed "${SEED}" --vocab-size 8192 "${POLICY_ARGS[@]}"
+python3 "${REPO_ROOT}/local_dense_retriever/build_index.py" --retriever-name bm25 \
+   --corpus-path "${RUN_DIR}/task/corpus.jsonl" --save-dir "${RUN_DIR}/index"
+
+start_retriever "${RETRIEVER_PORT}" "${RUN_DIR}/retriever.log" --retriever-name bm25 \
+   --index-path "${RUN_DIR}/index/bm25" --corpus-path "${RUN_DIR}/task/corpus.jsonl" --topk 1
+
+SEARCH_ARGS=(
+   --search-url "${SEARCH_URL}"
+   --search-topk 1
+   --max-turns 2
+   --max-obs-tokens 96
+   --max-response-tokens 192
+   --rollout-max-response-len 48
+   --apply-chat-template
+   --custom-generate-function-path slime_search.search_r1.generate.generate
+   --custom-rm-path slime_search.search_r1.reward.reward_func
+)
+COMMON_ARGS=(
+   --hf-checkpoint "${RUN_DIR}/policy"
+   --prompt-data "${RUN_DIR}/task/train.parquet"
+   --rollout-shuffle
+   --rollout-seed "${SEED}"
+   --seed "${SEED}"
+   --actor-num-gpus-per-node 1
+   --max-tokens-per-gpu 512
+   --clip-grad 1.0
+)
+
+# SFT warm start: the demonstrator plays the engine; the policy learns its format (loss on generated tokens)
+python3 -m slime_search.miniature.demonstrator --tokenizer "${RUN_DIR}/policy" --seed "${SEED}" \
+   --search-prob "${SEARCH_PROB}" --port "${DEMO_PORT}" >"${RUN_DIR}/demonstrator.log" 2>&1 &
+DEMO_PID=$!
+STARTED_PIDS+=("${DEMO_PID}")
+wait_http "http://127.0.0.1:${DEMO_PORT}/health" 60 "${DEMO_PID}"
+python3 "${REPO_ROOT}/train.py" "${COMMON_ARGS[@]}" "${SEARCH_ARGS[@]}" \
+   --save "${RUN_DIR}/sft" --engine-url "http://127.0.0.1:${DEMO_PORT}" --loss-type sft \
+   --num-rollout "${SFT_STEPS}" --rollout-batch-size "${SFT_BATCH}" --n-samples-per-prompt 1 \
+   --lr "${SFT_LR}" --lr-warmup-iters 5 --rollout-temperature 1.0
+
+# GRPO with search from the SFT weights, evaluated on held-out questions
+python3 "${REPO_ROOT}/train.py" "${COMMON_ARGS[@]}" "${SEARCH_ARGS[@]}" \
+   --save "${RUN_DIR}/rl" --load "${RUN_DIR}/sft/checkpoints" \
+   --num-rollout "${RL_STEPS}" --rollout-batch-size "${RL_PROMPTS}" --n-samples-per-prompt "${RL_SAMPLES}" \
+   --advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 --use-tis --lr "${RL_LR}" \
+   --eval-prompt-data heldout "${RUN_DIR}/task/heldout.parquet" --eval-interval "${EVAL_INTERVAL}" \
+   --log-rollout-examples 6
+
+python3 -m slime_search.report "${RUN_DIR}/rl"
+python3 - "${RUN_DIR}/rl/metrics.jsonl" <<'PY'
+import json, sys
+records = [json.loads(line) for line in open(sys.argv[1])]
+evals = [r for r in records if "eval/em" in r]
+first, last = evals[0], evals[-1]
+print(f"held-out EM {first['eval/em']:.3f} -> {last['eval/em']:.3f}; "
+      f"search rate {first['eval/search_rate']:.3f} -> {last['eval/search_rate']:.3f} "
+      f"(weight versions {first['step']} -> {last['step']})")
+PY

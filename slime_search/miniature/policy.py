@@ -1,0 +1,100 @@
+"""The miniature's policy: a byte-level BPE tokenizer trained on the task's own text, with ChatML special tokens
+and the Search-R1 tags as single tokens, and a small randomly initialised Qwen2 model. Built offline.
+
+    python -m slime_search.miniature.policy --task DIR --out DIR/policy [--hidden-size 128 --num-layers 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from slime_search.models.tiny_qwen import CHATML_TEMPLATE, QWEN2_PATTERN, SPECIAL_TOKENS, TinyQwen2Config
+
+TAGS = ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>")
+
+
+def task_texts(task_dir: Path) -> list[str]:
+    """What the policy will read and write: passages as observations show them, prompts, the tag format."""
+    from slime_search.rollout.data_source import load_rows
+    from slime_search.search_r1.search_clients import format_observation
+
+    docs = [json.loads(line) for line in (task_dir / "corpus.jsonl").read_text().splitlines()]
+    texts = [format_observation(docs[i : i + 3]) for i in range(0, len(docs), 3)]
+    for split in ("train", "heldout"):
+        texts += [row["prompt"][0]["content"] for row in load_rows(task_dir / f"{split}.parquet")]
+    return texts
+
+
+def build_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(TAGS),
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(texts, trainer)
+    backend.add_tokens([AddedToken(tag, normalized=False) for tag in TAGS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        model_max_length=4096,
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def build_policy(task_dir: str | Path, out: str | Path, config: TinyQwen2Config, vocab_size: int = 4096) -> Path:
+    from slime_search.models.tiny_qwen import build_tiny_qwen2
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(task_texts(Path(task_dir)), vocab_size)
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    model = build_tiny_qwen2(TinyQwen2Config(**{**config.__dict__, "vocab_size": len(tokenizer), "eos_token_id": eos}))
+    model.config.pad_token_id = model.generation_config.pad_token_id = eos
+    model.generation_config.eos_token_id = [eos, tokenizer.convert_tokens_to_ids("<|im_end|>")]  # as Qwen2.5
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="build the miniature's tokenizer and tiny Qwen2 policy")
+    parser.add_argument("--task", required=True, help="folder written by slime_search.miniature.task")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--intermediate-size", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    config = TinyQwen2Config(
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        num_kv_heads=max(1, args.num_heads // 2),
+        intermediate_size=args.intermediate_size,
+        seed=args.seed,
+    )
+    print(build_policy(args.task, args.out, config, args.vocab_size))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
