@@ -166,3 +166,18 @@ def test_report_renders_curves_metrics_and_highlighted_rollouts(tmp_path):
     assert '<span class="obs">' in page and "&lt;b&gt;" in page  # passages are escaped, not injected
     assert '<span class="answer">' in page and "Where was Ab Cd born?" in page
     assert report_main([str(tmp_path / "missing")]) == 2
+
+
+def test_demonstrator_answers_a_prompt_without_a_question_with_400(miniature):
+    from fastapi.testclient import TestClient
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(miniature / "policy")
+    client = TestClient(demo.build_app(tokenizer, seed=0, search_prob=1.0))
+    ids = tokenizer.encode("hello there", add_special_tokens=False)
+    response = client.post("/generate", json={"input_ids": ids, "sampling_params": {}})
+    assert response.status_code == 400 and "Question" in response.json()["error"]
+    question = tokenizer.encode("Question: Where was Ab Cd born?\n", add_special_tokens=False)
+    body = {"input_ids": question, "sampling_params": {"max_new_tokens": 3, "stop": ["</search>"]}}
+    answer = client.post("/generate", json=body).json()
+    assert len(answer["output_ids"]) == 3 and answer["meta_info"]["finish_reason"] == {"type": "length", "length": 3}

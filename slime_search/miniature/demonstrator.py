@@ -86,6 +86,9 @@ def observations_in(prompt: str) -> list[str]:
 
 def build_app(tokenizer, seed: int, search_prob: float):
     from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    from slime_search.rollout.replay_engine import turn_response
 
     app = FastAPI()
     visits: dict[str, int] = {}
@@ -101,28 +104,13 @@ def build_app(tokenizer, seed: int, search_prob: float):
         prompt = tokenizer.decode(body["input_ids"])
         match = QUESTION.search(prompt)
         if match is None:
-            return {"error": "no 'Question: ...?' line in the prompt"}
+            return JSONResponse({"error": "no 'Question: ...?' line in the prompt"}, status_code=400)
         question, observations = match.group(1), observations_in(prompt)
         if not observations:
             visits[question] = visits.get(question, 0) + 1
         decide = searches_this_time(question, visits.get(question, 1), seed, search_prob)
         text = next_turn(question, observations, decide, rng)
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        limit = body.get("sampling_params", {}).get("max_new_tokens", len(ids))
-        finish = {"type": "stop", "matched": "</search>" if text.endswith("</search>") else "</answer>"}
-        if len(ids) > limit:
-            ids, finish = ids[:limit], {"type": "length", "length": limit}
-        return {
-            "text": tokenizer.decode(ids),
-            "output_ids": ids,
-            "meta_info": {
-                "finish_reason": finish,
-                "output_token_logprobs": [[0.0, t, None] for t in ids],
-                "prompt_tokens": len(body["input_ids"]),
-                "completion_tokens": len(ids),
-                "weight_version": "demonstrator",
-            },
-        }
+        return turn_response(tokenizer, text, body, weight_version="demonstrator", log_prob=lambda i: 0.0)
 
     return app
 

@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from slime_search.models.tiny_qwen import CHATML_TEMPLATE, QWEN2_PATTERN, SPECIAL_TOKENS, TinyQwen2Config
+from slime_search.models.tiny_qwen import QWEN2_PATTERN, SPECIAL_TOKENS, TinyQwen2Config
 
 TAGS = ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>")
 
@@ -29,7 +29,8 @@ def task_texts(task_dir: Path) -> list[str]:
 
 def build_tokenizer(texts: list[str], vocab_size: int):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+
+    from slime_search.models.tiny_qwen import chatml_tokenizer
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
@@ -47,15 +48,7 @@ def build_tokenizer(texts: list[str], vocab_size: int):
     )
     backend.train_from_iterator(texts, trainer)
     backend.add_tokens([AddedToken(tag, normalized=False) for tag in TAGS])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-        model_max_length=4096,
-    )
-    tokenizer.chat_template = CHATML_TEMPLATE
-    return tokenizer
+    return chatml_tokenizer(backend, model_max_length=4096)
 
 
 def build_policy(task_dir: str | Path, out: str | Path, config: TinyQwen2Config, vocab_size: int = 4096) -> Path:

@@ -38,19 +38,25 @@ def qwen_ranks_file() -> Path:
 def build_qwen2_tokenizer():
     """A `PreTrainedTokenizerFast` equal to Qwen2.5's tokenizer on regular text and the ChatML tokens."""
     from tokenizers import normalizers
-    from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     backend = TikTokenConverter(
         vocab_file=str(qwen_ranks_file()), pattern=QWEN2_PATTERN, extra_special_tokens=list(SPECIAL_TOKENS)
     ).converted()
     backend.normalizer = normalizers.NFC()
+    return chatml_tokenizer(backend, model_max_length=32768)
+
+
+def chatml_tokenizer(backend, model_max_length: int):
+    """An HF tokenizer around a `tokenizers` backend holding SPECIAL_TOKENS: ChatML roles and template, EOS."""
+    from transformers import PreTrainedTokenizerFast
+
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|endoftext|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-        model_max_length=32768,
+        model_max_length=model_max_length,
     )
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer

@@ -21,6 +21,31 @@ from pathlib import Path
 OBSERVATION_MARKERS = ("</information>", "My previous action is invalid.")
 
 
+def turn_response(tokenizer, text: str, body: dict, weight_version: str, log_prob) -> dict:
+    """SGLang's /generate answer for a scripted turn: `text` encoded, cut to max_new_tokens, with the finish reason
+    the engine would give (a stop string the text ends with, an end-of-turn token, or the length limit)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    params = body.get("sampling_params", {})
+    limit = params.get("max_new_tokens", len(ids))
+    finish = {"type": "stop", "matched": next((s for s in params.get("stop", []) if text.endswith(s)), None)}
+    end_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    if ids and ids[-1] in end_ids:
+        finish = {"type": "stop", "matched": ids[-1]}
+    if len(ids) > limit:
+        ids, finish = ids[:limit], {"type": "length", "length": limit}
+    return {
+        "text": tokenizer.decode(ids),
+        "output_ids": ids,
+        "meta_info": {
+            "finish_reason": finish,
+            "output_token_logprobs": [[log_prob(i), t, None] for i, t in enumerate(ids)],
+            "prompt_tokens": len(body["input_ids"]),
+            "completion_tokens": len(ids),
+            "weight_version": weight_version,
+        },
+    }
+
+
 def build_app(tokenizer, script: dict[str, list[str]]):
     from fastapi import FastAPI, Request
 
@@ -44,25 +69,7 @@ def build_app(tokenizer, script: dict[str, list[str]]):
         trajectory = prompt.rpartition("<|im_start|>assistant\n")[2]  # the instructions mention </information> too
         turn = sum(trajectory.count(marker) for marker in OBSERVATION_MARKERS)
         text = turns[min(turn, len(turns) - 1)]
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        params = body.get("sampling_params", {})
-        limit = params.get("max_new_tokens", len(ids))
-        finish = {"type": "stop", "matched": next((s for s in params.get("stop", []) if text.endswith(s)), None)}
-        if ids and ids[-1] in (151643, 151645):
-            finish = {"type": "stop", "matched": ids[-1]}
-        if len(ids) > limit:
-            ids, finish = ids[:limit], {"type": "length", "length": limit}
-        return {
-            "text": tokenizer.decode(ids),
-            "output_ids": ids,
-            "meta_info": {
-                "finish_reason": finish,
-                "output_token_logprobs": [[-0.01 * (i + 1), t, None] for i, t in enumerate(ids)],
-                "prompt_tokens": len(body["input_ids"]),
-                "completion_tokens": len(ids),
-                "weight_version": "7",
-            },
-        }
+        return turn_response(tokenizer, text, body, weight_version="7", log_prob=lambda i: -0.01 * (i + 1))
 
     return app
 
