@@ -10,7 +10,6 @@ started (the CPU engine server; SGLang on GPU with --rollout-num-gpus); --engine
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -39,10 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_r1_arguments(parser)
     # what the rollout code reads from training flags, fixed for evaluation
     parser.set_defaults(
-        colocate=False,
         sglang_router_port=0,
-        actor_num_nodes=1,
-        actor_num_gpus_per_node=0,
         reward_key="score",
         rollout_temperature=0.0,
         rollout_top_p=1.0,
@@ -72,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from slime_search.arguments import sampling_params
     from slime_search.evaluation import evaluate_samples
     from slime_search.plugins import load_function
-    from slime_search.ray.rollout_manager import evaluation_samples, start_engines
-    from slime_search.rollout.rollout import generate_rollout
-    from slime_search.search_r1.generate import close_resources
+    from slime_search.ray.rollout_manager import evaluation_samples, run_rollout, start_engines
 
     args = build_parser().parse_args(argv)
     if len(args.eval_prompt_data) % 2:
@@ -89,13 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args.engine_url = engines.url
 
     def run(source, config, params):
-        async def go():
-            try:
-                return await generate_rollout(args, source, config, generate, reward, params)
-            finally:
-                await close_resources()
-
-        return asyncio.run(go())
+        return run_rollout(args, source, config, generate, reward, params)
 
     try:
         samples = evaluation_samples(args, run, sampling_params(args, greedy=True))

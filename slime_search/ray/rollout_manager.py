@@ -123,18 +123,7 @@ class RolloutManager:
 
     # ---- rollouts ---------------------------------------------------------------------------------------------
     def _run(self, source, config, params):
-        from slime_search.rollout.rollout import generate_rollout
-        from slime_search.search_r1.generate import close_resources
-
-        async def run():
-            try:
-                return await generate_rollout(
-                    self.args, source, config, self.generate_fn, self.reward_fn, params, on_sample=self._count
-                )
-            finally:
-                await close_resources()
-
-        return asyncio.run(run())
+        return run_rollout(self.args, source, config, self.generate_fn, self.reward_fn, params, self._count)
 
     def generate(self, examples: int = 0) -> tuple[list[Any], dict[str, float], list[dict]]:
         """One training rollout: train samples with GRPO advantages, metrics, and `examples` rendered samples."""
@@ -164,9 +153,6 @@ class RolloutManager:
 
         return asyncio.run(update_engines_from_disk(self.engines.worker_urls, model_path, weight_version))
 
-    def engine_url(self) -> str:
-        return self.engines.url
-
     def state_dict(self) -> dict[str, Any]:
         return {"data": self.source.state_dict()}
 
@@ -175,6 +161,20 @@ class RolloutManager:
 
     def shutdown(self) -> None:
         self.engines.stop()
+
+
+def run_rollout(args, source, config, generate, reward, params: dict, on_sample=None):
+    """One rollout in its own event loop; the generate plugin's pooled clients are closed before the loop ends."""
+    from slime_search.rollout.rollout import generate_rollout
+    from slime_search.search_r1.generate import close_resources
+
+    async def run():
+        try:
+            return await generate_rollout(args, source, config, generate, reward, params, on_sample=on_sample)
+        finally:
+            await close_resources()
+
+    return asyncio.run(run())
 
 
 def evaluation_samples(args, run, params: dict) -> list[Sample]:
