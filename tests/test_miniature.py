@@ -28,6 +28,17 @@ def test_task_is_deterministic_and_held_out_entities_are_unseen_in_training():
     assert {q.hops for q in first.heldout} == {1, 2}
 
 
+def test_names_are_new_combinations_of_words_seen_in_training():
+    """Every word of a held-out name also appears in training questions; the name as a whole never does."""
+    task = make_task(seed=0, people=800, companies=200)
+    words = lambda questions: {w for q in questions for w in q.question.rstrip("?").split()}  # noqa: E731
+    held_names = {q.entity for q in task.heldout if q.kind == "city" and q.hops == 1}
+    assert {w for name in held_names for w in name.split()} <= words(task.train)
+    assert not held_names & {q.entity for q in task.train}
+    with pytest.raises(ValueError, match="at most 1600 people"):
+        make_task(seed=0, people=1601, companies=10)
+
+
 def test_task_files_use_search_r1_schema(tmp_path):
     from slime_search.rollout.data_source import load_rows
 
@@ -92,6 +103,12 @@ def test_policy_tokenizer_keeps_tags_whole_and_round_trips(miniature):
     )
     assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tokenizer.eos_token == "<|endoftext|>"
+    names = [
+        doc["contents"].split("\n")[1].split(" was ")[0]
+        for doc in map(json.loads, open(miniature / "task" / "corpus.jsonl"))
+    ]
+    for word in {w for name in names for w in name.split()} | set(CITIES):
+        assert len(tokenizer.encode(" " + word, add_special_tokens=False)) == 1, word
 
 
 @pytest.mark.parametrize("search_prob", [1.0, 0.0])
@@ -137,6 +154,18 @@ def test_demonstrations_through_the_generate_loop_and_a_real_retriever(miniature
     if search_prob == 1.0:
         wrong = [(s.label, s.response) for s in samples if s.reward["score"] != 1.0]
         assert not wrong, wrong[:1]
+        # reading pre-training writes the very tokens the generate loop produces (for the same turns)
+        from transformers import AutoTokenizer
+
+        from slime_search.miniature.pretrain import passages_by_title, reading_document
+
+        tokenizer = AutoTokenizer.from_pretrained(miniature / "policy")
+        passages = passages_by_title(corpus)
+        for sample in samples:
+            question = demo.QUESTION.search(tokenizer.decode(sample.tokens[: sample.prompt_length])).group(1)
+            document = reading_document(question, tokenizer, passages, max_obs_tokens=512)
+            response = sample.tokens[len(sample.tokens) - sample.response_length :]
+            assert document.ids[len(document.ids) - len(response) :] == response
         two_hop = [s for s in samples if s.metadata["data_source"] == "miniature_2hop"]
         assert two_hop and all(s.metrics["searches"] == 2 for s in two_hop)
     else:

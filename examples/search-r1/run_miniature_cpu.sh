@@ -2,7 +2,8 @@
 # Search-R1 in miniature, on CPU: a policy trained from scratch learns, by RL, to search before answering.
 #    bash examples/search-r1/run_miniature_cpu.sh            # RUN_DIR=runs/miniature by default
 # 1. a synthetic task (fictional people and companies; questions only the corpus answers, some two-hop)
-# 2. a tiny Qwen2 policy with a tokenizer trained on the task's text
+# 2. a tiny Qwen2 policy with a tokenizer trained on the task's text, pre-trained to read (search and copy
+#    answers out of passages) on short documents about training entities, never taught whether to search
 # 3. a BM25 index of the corpus, served by the retrieval server
 # 4. SFT warm start on a scripted demonstrator that searches only part of the time and guesses otherwise
 # 5. GRPO with search from that start, evaluated on held-out questions (greedy), and the report
@@ -16,13 +17,14 @@ source "${SCRIPT_DIR}/common.sh"
 
 RUN_DIR=${RUN_DIR:-runs/miniature}
 SEED=${SEED:-0}
-PEOPLE=${PEOPLE:-1200}
-COMPANIES=${COMPANIES:-300}
+PEOPLE=${PEOPLE:-800}
+COMPANIES=${COMPANIES:-200}
 HELDOUT=${HELDOUT:-64}
-SEARCH_PROB=${SEARCH_PROB:-0.3}
-SFT_STEPS=${SFT_STEPS:-100}
+SEARCH_PROB=${SEARCH_PROB:-0.4}
+PRETRAIN_STEPS=${PRETRAIN_STEPS:-200}
+SFT_STEPS=${SFT_STEPS:-150}
 SFT_BATCH=${SFT_BATCH:-32}
-SFT_LR=${SFT_LR:-3e-3}
+SFT_LR=${SFT_LR:-6e-3}
 RL_STEPS=${RL_STEPS:-20}
 RL_PROMPTS=${RL_PROMPTS:-8}
 RL_SAMPLES=${RL_SAMPLES:-8}
@@ -36,7 +38,7 @@ mkdir -p "${RUN_DIR}"
 python3 -m slime_search.miniature.task --out "${RUN_DIR}/task" --seed "${SEED}" \
    --people "${PEOPLE}" --companies "${COMPANIES}" --heldout-limit "${HELDOUT}"
 python3 -m slime_search.miniature.policy --task "${RUN_DIR}/task" --out "${RUN_DIR}/policy" \
-   --seed "${SEED}" --vocab-size 8192 "${POLICY_ARGS[@]}"
+   --seed "${SEED}" --vocab-size 8192 "${POLICY_ARGS[@]}" --pretrain-steps "${PRETRAIN_STEPS}"
 python3 "${REPO_ROOT}/local_dense_retriever/build_index.py" --retriever-name bm25 \
    --corpus-path "${RUN_DIR}/task/corpus.jsonl" --save-dir "${RUN_DIR}/index"
 

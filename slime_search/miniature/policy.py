@@ -2,6 +2,7 @@
 and the Search-R1 tags as single tokens, and a small randomly initialised Qwen2 model. Built offline.
 
     python -m slime_search.miniature.policy --task DIR --out DIR/policy [--hidden-size 128 --num-layers 4]
+        [--pretrain-steps 200]   # reading pre-training (slime_search.miniature.pretrain)
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from slime_search.miniature.pretrain import PretrainConfig
 from slime_search.models.tiny_qwen import QWEN2_PATTERN, SPECIAL_TOKENS, TinyQwen2Config
 
 TAGS = ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>")
@@ -51,7 +53,16 @@ def build_tokenizer(texts: list[str], vocab_size: int):
     return chatml_tokenizer(backend, model_max_length=4096)
 
 
-def build_policy(task_dir: str | Path, out: str | Path, config: TinyQwen2Config, vocab_size: int = 4096) -> Path:
+def build_policy(
+    task_dir: str | Path,
+    out: str | Path,
+    config: TinyQwen2Config,
+    vocab_size: int = 4096,
+    pretrain: PretrainConfig | None = None,
+) -> Path:
+    """Tokenizer and Qwen2 model, randomly initialised, then (with `pretrain`) reading pre-training on the task's
+    training entities."""
+    from slime_search.miniature.pretrain import pretrain_on_task
     from slime_search.models.tiny_qwen import build_tiny_qwen2
 
     out = Path(out)
@@ -61,6 +72,8 @@ def build_policy(task_dir: str | Path, out: str | Path, config: TinyQwen2Config,
     model = build_tiny_qwen2(TinyQwen2Config(**{**config.__dict__, "vocab_size": len(tokenizer), "eos_token_id": eos}))
     model.config.pad_token_id = model.generation_config.pad_token_id = eos
     model.generation_config.eos_token_id = [eos, tokenizer.convert_tokens_to_ids("<|im_end|>")]  # as Qwen2.5
+    if pretrain is not None and pretrain.steps > 0:
+        pretrain_on_task(model, tokenizer, task_dir, pretrain)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
@@ -75,7 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--intermediate-size", type=int, default=512)
+    # at 1e6 (Qwen2.5's base) a 32-dim head barely rotates over a 200-token trajectory, so the policy cannot
+    # tell "the token 5 back" from "a token 100 back" and never learns to read an answer out of a passage
+    parser.add_argument("--rope-theta", type=float, default=10_000.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pretrain-steps", type=int, default=0, help="reading pre-training steps (0: none)")
+    parser.add_argument("--pretrain-lr", type=float, default=PretrainConfig.lr)
+    parser.add_argument("--pretrain-batch-size", type=int, default=PretrainConfig.batch_size)
     args = parser.parse_args(argv)
     config = TinyQwen2Config(
         hidden_size=args.hidden_size,
@@ -83,9 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         num_heads=args.num_heads,
         num_kv_heads=max(1, args.num_heads // 2),
         intermediate_size=args.intermediate_size,
+        rope_theta=args.rope_theta,
         seed=args.seed,
     )
-    print(build_policy(args.task, args.out, config, args.vocab_size))
+    pretrain = PretrainConfig(
+        steps=args.pretrain_steps, batch_size=args.pretrain_batch_size, lr=args.pretrain_lr, seed=args.seed
+    )
+    print(build_policy(args.task, args.out, config, args.vocab_size, pretrain))
     return 0
 
 

@@ -27,7 +27,7 @@ VOWELS = ["a", "e", "i", "o", "u", "ae", "ou"]
 CODAS = ["", "n", "r", "s", "th", "l", "x", "m"]
 CITIES = ["Qarnis", "Velbrook", "Ostmere", "Durhaven", "Kelvar", "Prynn", "Salwick", "Torvale", "Umbergate",
           "Yarrow", "Brisca", "Falmor", "Glenthos", "Harrowick", "Istra", "Jorvale"]  # fmt: skip
-COMPANY_KINDS = ["Works", "Foundry", "Guild", "Mills", "Traders", "Press"]
+COMPANY_KINDS = ["Works", "Foundry", "Guild", "Mills", "Traders", "Press", "Forge", "Yards", "Looms", "Bank"]
 
 
 @dataclass(frozen=True)
@@ -61,22 +61,28 @@ def invented_words(rng: random.Random, count: int, syllables: tuple[int, int]) -
     return sorted(words)
 
 
-def make_world(seed: int, people: int, companies: int) -> tuple[list[Person], list[Company]]:
+def make_world(seed: int, people: int, companies: int, name_words: int = 40) -> tuple[list[Person], list[Company]]:
+    """People named `first last` and companies named `stem kind`, each part from a closed set of invented words.
+
+    Names are combinations of a few dozen words, so every word is seen in training while every held-out entity is
+    a combination never trained on: reading a name off a question or a passage is then a skill a small policy can
+    learn in minutes, where a fresh word per entity would have to be copied by an induction circuit it never forms.
+    """
     rng = random.Random(seed)
-    firsts = invented_words(rng, people, (2, 2))
-    lasts = invented_words(rng, people, (2, 3))
-    rng.shuffle(firsts)
-    rng.shuffle(lasts)
-    persons = [Person(f"{first} {last}", rng.choice(CITIES)) for first, last in zip(firsts, lasts, strict=True)]
-    stems = invented_words(rng, companies, (2, 2))
+    words = invented_words(rng, 3 * name_words, (2, 2))
+    rng.shuffle(words)
+    firsts, lasts, stems = words[:name_words], words[name_words : 2 * name_words], words[2 * name_words :]
+    names = [f"{first} {last}" for first in firsts for last in lasts]
+    firm_names = [f"{stem} {kind}" for stem in stems for kind in COMPANY_KINDS]
+    if people > len(names) or companies > len(firm_names):
+        raise ValueError(f"{name_words} name words make at most {len(names)} people and {len(firm_names)} companies")
     if companies > people:
         raise ValueError(f"{companies} companies need as many founders; there are {people} people")
+    persons = [Person(name, rng.choice(CITIES)) for name in rng.sample(names, people)]
     # company i is founded by a person of the same half (i % 2) as itself: the halves share no entity
     halves = [rng.sample(persons[h::2], (companies + 1 - h) // 2) for h in (0, 1)]
     founders = [halves[i % 2][i // 2] for i in range(companies)]
-    firms = [
-        Company(f"{stem} {rng.choice(COMPANY_KINDS)}", founder) for stem, founder in zip(stems, founders, strict=True)
-    ]
+    firms = [Company(name, founder) for name, founder in zip(rng.sample(firm_names, companies), founders, strict=True)]
     return persons, firms
 
 

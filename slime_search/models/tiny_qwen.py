@@ -72,6 +72,7 @@ class TinyQwen2Config:
     vocab_size: int = QWEN25_PADDED_VOCAB
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = True
+    rope_theta: float = 1_000_000.0  # Qwen2.5's; short-context models trained from scratch want ~1e4
     seed: int = 0
     eos_token_id: int = 151643  # <|endoftext|> of Qwen2's tokenizer
 
@@ -89,7 +90,7 @@ def build_tiny_qwen2(config: TinyQwen2Config = TinyQwen2Config()):
         num_key_value_heads=config.num_kv_heads,
         max_position_embeddings=config.max_position_embeddings,
         tie_word_embeddings=config.tie_word_embeddings,
-        rope_theta=1_000_000.0,
+        rope_theta=config.rope_theta,
         rms_norm_eps=1e-6,
         bos_token_id=config.eos_token_id,
         eos_token_id=config.eos_token_id,

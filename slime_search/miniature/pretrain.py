@@ -1,0 +1,119 @@
+"""Reading pre-training of the miniature's base model: the skills a pretrained LLM brings to Search-R1.
+
+Search-R1 starts from a pretrained model that can already read: copy a name from the question into a query, and
+an answer out of a retrieved passage. A policy trained from scratch has neither skill, and learning them inside a
+~200-token Search-R1 prompt is slow, because attention starts spread over the whole prompt. Here the base model
+learns them on short documents (~60-100 tokens) in the trajectory format, written about *training* entities only:
+
+    <|im_start|>user\\nQuestion: Where was A B born?\\n<|im_end|>\\n<|im_start|>assistant\\n
+    <search> Where was A B born? </search>\\n\\n<information>Doc 1(Title: "A B") A B was born in C.</information>
+    \\n\\n<answer> C </answer>
+
+The loss covers the written tokens except the first one, the decision to search or answer, so pre-training teaches
+how to search and read, never whether to: that prior comes from the demonstrations (SFT) and is corrected by RL.
+RoPE offsets are relative, so the copy heads learnt here work unchanged inside the full prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    steps: int = 200
+    batch_size: int = 32
+    lr: float = 6e-3
+    warmup_steps: int = 10
+    max_obs_tokens: int = 96  # as the run's --max-obs-tokens
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Document:
+    ids: list[int]
+    loss_mask: list[int]
+
+
+def passages_by_title(corpus_path: Path) -> dict[str, dict]:
+    docs = [json.loads(line) for line in corpus_path.read_text().splitlines() if line.strip()]
+    return {doc["contents"].split("\n", 1)[0].strip('"'): doc for doc in docs}
+
+
+def reading_document(question: str, tokenizer, passages: dict[str, dict], max_obs_tokens: int) -> Document:
+    """One always-searching trajectory of the demonstrator, with a short prompt; lookup by title stands in for
+    retrieval (top-1 BM25 returns the same passage for the demonstrator's queries)."""
+    from slime_search.miniature.demonstrator import next_turn, parse_question
+    from slime_search.search_r1.generate import observation_ids
+
+    prompt = [{"role": "user", "content": f"Question: {question}\n"}]
+    ids = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer.encode(ids, add_special_tokens=False)
+    mask = [0] * len(ids)
+    observations: list[str] = []
+    rng = random.Random(0)  # unused: the demonstrator only guesses when it does not search
+    for _ in range(3):
+        turn = next_turn(question, observations, True, rng)
+        turn_ids = tokenizer.encode(turn, add_special_tokens=False)
+        ids += turn_ids
+        mask += [0 if not observations else 1] + [1] * (len(turn_ids) - 1)  # not the search-or-answer decision
+        if turn.startswith("<answer>"):
+            return Document(ids, mask)
+        query = re.fullmatch(r"<search> (.*) </search>", turn).group(1)
+        entity, _, _ = parse_question(query)  # the demonstrator's queries are questions of the task
+        obs_ids, _ = observation_ids(tokenizer, [passages[entity]], max_obs_tokens)
+        ids += obs_ids
+        mask += [0] * len(obs_ids)
+        observations.append(tokenizer.decode(obs_ids))
+    raise ValueError(f"the demonstrator did not answer {question!r} within three turns")
+
+
+def training_questions(task_dir: Path) -> list[str]:
+    from slime_search.rollout.data_source import load_rows
+
+    return [row["question"] for row in load_rows(task_dir / "train.parquet")]
+
+
+def pretrain(model, documents: list[Document], config: PretrainConfig, log=print) -> list[float]:
+    """Next-token loss on the documents' masked tokens, AdamW with linear warm-up; returns the loss per step."""
+    import torch
+
+    generator = random.Random(config.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    model.train()
+    losses: list[float] = []
+    for step in range(config.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr * min(1.0, (step + 1) / max(1, config.warmup_steps))
+        batch = generator.sample(documents, min(config.batch_size, len(documents)))
+        width = max(len(doc.ids) for doc in batch)
+        inputs = torch.zeros(len(batch), width, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        attention = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, doc in enumerate(batch):
+            n = len(doc.ids)
+            inputs[row, :n] = torch.tensor(doc.ids)
+            attention[row, :n] = 1
+            labels[row, :n] = torch.tensor([t if m else -100 for t, m in zip(doc.ids, doc.loss_mask, strict=True)])
+        loss = model(input_ids=inputs, attention_mask=attention, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+        if step % 50 == 49 or step == config.steps - 1:
+            log(f"pre-training step {step + 1}/{config.steps}: loss {losses[-1]:.4f}")
+    model.eval()
+    return losses
+
+
+def pretrain_on_task(model, tokenizer, task_dir: str | Path, config: PretrainConfig, log=print) -> list[float]:
+    task_dir = Path(task_dir)
+    passages = passages_by_title(task_dir / "corpus.jsonl")
+    questions = training_questions(task_dir)
+    documents = [reading_document(q, tokenizer, passages, config.max_obs_tokens) for q in questions]
+    return pretrain(model, documents, config, log)
