@@ -9,7 +9,8 @@ learns them on short documents (~60-100 tokens) in the trajectory format, writte
     <search> Where was A B born? </search>\\n\\n<information>Doc 1(Title: "A B") A B was born in C.</information>
     \\n\\n<answer> C </answer>
 
-The loss covers the written tokens except the first one, the decision to search or answer, so pre-training teaches
+A quarter of each batch puts the same trajectories under Search-R1's whole instruction prompt, so that the
+instruction is familiar context by the time SFT starts. The loss covers the written tokens except the first one, the decision to search or answer, so pre-training teaches
 how to search and read, never whether to: that prior comes from the demonstrations (SFT) and is corrected by RL.
 RoPE offsets are relative, so the copy heads learnt here work unchanged inside the full prompt.
 """
@@ -30,6 +31,7 @@ class PretrainConfig:
     lr: float = 6e-3
     warmup_steps: int = 10
     max_obs_tokens: int = 96  # as the run's --max-obs-tokens
+    full_prompt_fraction: float = 0.25  # documents under Search-R1's whole instruction prompt
     seed: int = 0
 
 
@@ -44,13 +46,18 @@ def passages_by_title(corpus_path: Path) -> dict[str, dict]:
     return {doc["contents"].split("\n", 1)[0].strip('"'): doc for doc in docs}
 
 
-def reading_document(question: str, tokenizer, passages: dict[str, dict], max_obs_tokens: int) -> Document:
-    """One always-searching trajectory of the demonstrator, with a short prompt; lookup by title stands in for
-    retrieval (top-1 BM25 returns the same passage for the demonstrator's queries)."""
+def reading_document(
+    question: str, tokenizer, passages: dict[str, dict], max_obs_tokens: int, full_prompt: bool = False
+) -> Document:
+    """One always-searching trajectory of the demonstrator, under the bare question or (`full_prompt`) Search-R1's
+    prompt; lookup by title stands in for retrieval (top-1 BM25 returns that passage for the demonstrator's
+    queries)."""
     from slime_search.miniature.demonstrator import next_turn, parse_question
     from slime_search.search_r1.generate import observation_ids
+    from slime_search.search_r1.prompt import make_prompt
 
-    prompt = [{"role": "user", "content": f"Question: {question}\n"}]
+    content = make_prompt(question) if full_prompt else f"Question: {question}\n"
+    prompt = [{"role": "user", "content": content}]
     ids = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     ids = tokenizer.encode(ids, add_special_tokens=False)
     mask = [0] * len(ids)
@@ -78,8 +85,14 @@ def training_questions(task_dir: Path) -> list[str]:
     return [row["question"] for row in load_rows(task_dir / "train.parquet")]
 
 
-def pretrain(model, documents: list[Document], config: PretrainConfig, log=print) -> list[float]:
-    """Next-token loss on the documents' masked tokens, AdamW with linear warm-up; returns the loss per step."""
+def pretrain(
+    model, documents: list[Document], config: PretrainConfig, log=print, long_documents: list[Document] = ()
+) -> list[float]:
+    """Next-token loss on the documents' masked tokens, AdamW with linear warm-up; returns the loss per step.
+
+    A `full_prompt_fraction` of each batch comes from `long_documents` (the same trajectories under the whole
+    instruction prompt), so the instruction's words are familiar context, not noise, when SFT starts.
+    """
     import torch
 
     generator = random.Random(config.seed)
@@ -89,7 +102,9 @@ def pretrain(model, documents: list[Document], config: PretrainConfig, log=print
     for step in range(config.steps):
         for group in optimizer.param_groups:
             group["lr"] = config.lr * min(1.0, (step + 1) / max(1, config.warmup_steps))
-        batch = generator.sample(documents, min(config.batch_size, len(documents)))
+        n_long = round(config.batch_size * config.full_prompt_fraction) if long_documents else 0
+        batch = generator.sample(documents, min(config.batch_size - n_long, len(documents)))
+        batch += generator.sample(list(long_documents), min(n_long, len(long_documents)))
         width = max(len(doc.ids) for doc in batch)
         inputs = torch.zeros(len(batch), width, dtype=torch.long)
         labels = torch.full((len(batch), width), -100, dtype=torch.long)
@@ -116,4 +131,5 @@ def pretrain_on_task(model, tokenizer, task_dir: str | Path, config: PretrainCon
     passages = passages_by_title(task_dir / "corpus.jsonl")
     questions = training_questions(task_dir)
     documents = [reading_document(q, tokenizer, passages, config.max_obs_tokens) for q in questions]
-    return pretrain(model, documents, config, log)
+    long_documents = [reading_document(q, tokenizer, passages, config.max_obs_tokens, True) for q in questions]
+    return pretrain(model, documents, config, log, long_documents)
