@@ -103,11 +103,9 @@ def test_policy_tokenizer_keeps_tags_whole_and_round_trips(miniature):
     )
     assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tokenizer.eos_token == "<|endoftext|>"
-    names = [
-        doc["contents"].split("\n")[1].split(" was ")[0]
-        for doc in map(json.loads, open(miniature / "task" / "corpus.jsonl"))
-    ]
-    for word in {w for name in names for w in name.split()} | set(CITIES):
+    docs = (miniature / "task" / "corpus.jsonl").read_text()
+    names = [json.loads(line)["contents"].split("\n")[1].split(" was ")[0] for line in docs.splitlines()]
+    for word in {w for name in names for w in name.split()} | {c for c in CITIES if f" {c}." in docs}:
         assert len(tokenizer.encode(" " + word, add_special_tokens=False)) == 1, word
 
 
@@ -210,3 +208,46 @@ def test_demonstrator_answers_a_prompt_without_a_question_with_400(miniature):
     body = {"input_ids": question, "sampling_params": {"max_new_tokens": 3, "stop": ["</search>"]}}
     answer = client.post("/generate", json=body).json()
     assert len(answer["output_ids"]) == 3 and answer["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+
+
+def test_reading_documents_teach_searching_and_reading_but_not_the_decision(miniature):
+    from transformers import AutoTokenizer
+
+    from slime_search.miniature.pretrain import passages_by_title, reading_document, training_questions
+    from slime_search.rollout.data_source import load_rows
+
+    tokenizer = AutoTokenizer.from_pretrained(miniature / "policy")
+    passages = passages_by_title(miniature / "task" / "corpus.jsonl")
+    questions = training_questions(miniature / "task")
+    held_out = {row["question"] for row in load_rows(miniature / "task" / "heldout.parquet")}
+    assert questions and not set(questions) & held_out  # only training entities are read
+
+    task = make_task(seed=2, people=60, companies=20)
+    two_hop = next(q for q in task.train if q.hops == 2)
+    document = reading_document(two_hop.question, tokenizer, passages, max_obs_tokens=96)
+    trained = tokenizer.decode([t for t, m in zip(document.ids, document.loss_mask, strict=True) if m])
+    # every written token but the first (<search> or <answer>: whether to search) is trained; passages are not
+    assert trained == (
+        f" {two_hop.question} </search><search> Where was {two_hop.bridge} born? </search>"
+        f"<answer> {two_hop.answer} </answer>"
+    )
+    text = tokenizer.decode(document.ids)
+    assert text.count("<information>") == 2 and f"founded by {two_hop.bridge}." in text
+    assert text.startswith(f"<|im_start|>user\nQuestion: {two_hop.question}\n<|im_end|>")
+
+    long = reading_document(two_hop.question, tokenizer, passages, max_obs_tokens=96, full_prompt=True)
+    response = len(document.ids) - document.loss_mask.index(1) + 1
+    assert long.ids[-response:] == document.ids[-response:] and len(long.ids) > len(document.ids) + 100
+
+
+def test_pretraining_lowers_the_reading_loss(miniature):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from slime_search.miniature.pretrain import PretrainConfig, pretrain_on_task
+
+    tokenizer = AutoTokenizer.from_pretrained(miniature / "policy")
+    model = AutoModelForCausalLM.from_pretrained(miniature / "policy")
+    config = PretrainConfig(steps=30, batch_size=8, lr=6e-3, seed=0)
+    losses = pretrain_on_task(model, tokenizer, miniature / "task", config, log=lambda line: None)
+    assert len(losses) == 30 and sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5, losses
+    assert not model.training

@@ -62,18 +62,19 @@ def invented_words(rng: random.Random, count: int, syllables: tuple[int, int]) -
 
 
 def make_world(seed: int, people: int, companies: int, name_words: int = 40) -> tuple[list[Person], list[Company]]:
-    """People named `first last` and companies named `stem kind`, each part from a closed set of invented words.
+    """People named `first last` and companies named `first kind`, each part from a closed set of words.
 
     Names are combinations of a few dozen words, so every word is seen in training while every held-out entity is
     a combination never trained on: reading a name off a question or a passage is then a skill a small policy can
     learn in minutes, where a fresh word per entity would have to be copied by an induction circuit it never forms.
     """
     rng = random.Random(seed)
-    words = invented_words(rng, 3 * name_words, (2, 2))
+    words = invented_words(rng, 2 * name_words, (2, 2))
     rng.shuffle(words)
-    firsts, lasts, stems = words[:name_words], words[name_words : 2 * name_words], words[2 * name_words :]
+    firsts, lasts = words[:name_words], words[name_words:]
     names = [f"{first} {last}" for first in firsts for last in lasts]
-    firm_names = [f"{stem} {kind}" for stem in stems for kind in COMPANY_KINDS]
+    # a company is named after a first name ("Farkan Foundry"), so its words are as familiar as people's
+    firm_names = [f"{first} {kind}" for first in firsts for kind in COMPANY_KINDS]
     if people > len(names) or companies > len(firm_names):
         raise ValueError(f"{name_words} name words make at most {len(names)} people and {len(firm_names)} companies")
     if companies > people:
