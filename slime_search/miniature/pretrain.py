@@ -119,7 +119,7 @@ def pretrain(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if step % 50 == 49 or step == config.steps - 1:
             log(f"pre-training step {step + 1}/{config.steps}: loss {losses[-1]:.4f}")
     model.eval()

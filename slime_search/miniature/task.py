@@ -6,7 +6,8 @@ fact (a person's birthplace, a company's founder), which keeps the reading part 
 from scratch on two CPU cores. Single-hop questions ask a person's birthplace or a company's founder; two-hop
 questions ask where a company's founder was born, which takes two searches.
 Questions about one half of the entities train; questions about the other half are held out, so a policy cannot
-memorise its way to held-out answers.
+memorise its way to held-out answers. Names combine words from closed lists (see `make_world`): every word is
+trained, every held-out name is a combination never trained on.
 
     python -m slime_search.miniature.task --out DIR [--seed 0 --people 160 --companies 64]
 
