@@ -121,3 +121,13 @@ def test_converter_rejects_mismatched_flags_and_missing_files(tiny_checkpoint, t
         str(tmp_path / "z"),
     )
     assert no_ckpt.returncode == 2 and "not a torch_dist checkpoint" in no_ckpt.stderr
+
+
+def test_megatron_reads_the_rope_base_a_tiny_policy_is_built_with():
+    """transformers 5 keeps the base in `rope_parameters`; the trainer must use it, or train and serve diverge."""
+    from slime_search.backends.megatron.model import ModelOptions
+    from slime_search.models.tiny_qwen import TinyQwen2Config, build_tiny_qwen2
+
+    for base in (10_000.0, 1_000_000.0):
+        model = build_tiny_qwen2(TinyQwen2Config(vocab_size=64, rope_theta=base))
+        assert ModelOptions.from_hf_config(model.config).rotary_base == base

@@ -10,8 +10,9 @@ learns them on short documents (~60-100 tokens) in the trajectory format, writte
     \\n\\n<answer> C </answer>
 
 A quarter of each batch puts the same trajectories under Search-R1's whole instruction prompt, so that the
-instruction is familiar context by the time SFT starts. The loss covers the written tokens except the first one, the decision to search or answer, so pre-training teaches
-how to search and read, never whether to: that prior comes from the demonstrations (SFT) and is corrected by RL.
+instruction is familiar context by the time SFT starts. The loss covers the written tokens except the first one,
+the decision to search or answer, so pre-training teaches how to search and read, never whether to: that prior
+comes from the demonstrations (SFT) and is corrected by RL.
 RoPE offsets are relative, so the copy heads learnt here work unchanged inside the full prompt.
 """
 
@@ -58,8 +59,8 @@ def reading_document(
 
     content = make_prompt(question) if full_prompt else f"Question: {question}\n"
     prompt = [{"role": "user", "content": content}]
-    ids = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    ids = tokenizer.encode(ids, add_special_tokens=False)
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer.encode(text, add_special_tokens=False)
     mask = [0] * len(ids)
     observations: list[str] = []
     rng = random.Random(0)  # unused: the demonstrator only guesses when it does not search
@@ -86,7 +87,7 @@ def training_questions(task_dir: Path) -> list[str]:
 
 
 def pretrain(
-    model, documents: list[Document], config: PretrainConfig, log=print, long_documents: list[Document] = ()
+    model, documents: list[Document], config: PretrainConfig, log=print, long_documents: list[Document] | None = None
 ) -> list[float]:
     """Next-token loss on the documents' masked tokens, AdamW with linear warm-up; returns the loss per step.
 
@@ -95,6 +96,8 @@ def pretrain(
     """
     import torch
 
+    long_documents = long_documents or []
+    n_long = round(config.batch_size * config.full_prompt_fraction) if long_documents else 0
     generator = random.Random(config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=0.0)
     model.train()
@@ -102,9 +105,8 @@ def pretrain(
     for step in range(config.steps):
         for group in optimizer.param_groups:
             group["lr"] = config.lr * min(1.0, (step + 1) / max(1, config.warmup_steps))
-        n_long = round(config.batch_size * config.full_prompt_fraction) if long_documents else 0
         batch = generator.sample(documents, min(config.batch_size - n_long, len(documents)))
-        batch += generator.sample(list(long_documents), min(n_long, len(long_documents)))
+        batch += generator.sample(long_documents, min(n_long, len(long_documents)))
         width = max(len(doc.ids) for doc in batch)
         inputs = torch.zeros(len(batch), width, dtype=torch.long)
         labels = torch.full((len(batch), width), -100, dtype=torch.long)
