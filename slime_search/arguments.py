@@ -27,6 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-num-gpus", type=int, default=0, help="GPUs for SGLang engines (0: the CPU engine)")
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
     g.add_argument("--colocate", action="store_true", help="engines share the actor's GPUs")
+    g.add_argument(
+        "--update-weight-transport",
+        choices=["disk", "nccl"],
+        default=None,
+        help="weight sync after each step: 'nccl' broadcasts from trainer rank 0 to the engines (NCCL on GPU, gloo "
+        "on CPU), 'disk' writes an HF checkpoint the engines load (default: nccl with GPU engines, else disk)",
+    )
+    g.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024**2, help="bytes per broadcast bucket")
     g.add_argument("--sglang-mem-fraction-static", type=float, default=0.8)
     g.add_argument("--sglang-router-port", type=int, default=0)
     g.add_argument("--engine-url", default=None, help="use this running engine instead of starting one")
@@ -99,6 +107,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--global-batch-size {args.global_batch_size} must divide the {samples} samples of a rollout "
             "(--rollout-batch-size x --n-samples-per-prompt)"
         )
+    if args.update_weight_transport is None:
+        args.update_weight_transport = "nccl" if args.rollout_num_gpus else "disk"
+    if args.update_weight_buffer_size <= 0:
+        raise SystemExit("--update-weight-buffer-size must be a positive number of bytes")
     if args.colocate:
         raise SystemExit(
             "--colocate (engines on the actor's GPUs, memory released between phases) is not supported; "

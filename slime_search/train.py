@@ -5,7 +5,8 @@
 
 Megatron ranks run as Ray actors placed by a placement group (CPU bundles on a CPU machine); the RolloutManager
 Ray actor owns the engines (the CPU engine server, or SGLang engines behind the router on GPU), the prompt data and
-the generate / reward plugins. Weights reach the engines through an HF checkpoint on disk. Running the same command
+the generate / reward plugins. Weights reach the engines by broadcast from actor rank 0 (NCCL; gloo on CPU) or
+through an HF checkpoint on disk (--update-weight-transport). Running the same command
 again continues from the run folder's last complete checkpoint.
 """
 
@@ -59,10 +60,35 @@ def train_on(args, group, samples) -> dict[str, float]:
     return metrics
 
 
+def connect_weight_sync(args, group, manager) -> None:
+    """For broadcast weight sync, the engines join a process group hosted by actor rank 0 (once per run)."""
+    import ray
+    import torch
+
+    from slime_search.weight_broadcast import BroadcastConfig
+
+    if args.update_weight_transport != "nccl" or not serves_policy(args):
+        return
+    urls = ray.get(manager.worker_urls.remote())
+    ranks_per_engine = args.rollout_num_gpus_per_engine if args.rollout_num_gpus else 1
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    group.connect_engines(
+        urls, [ranks_per_engine] * len(urls), BroadcastConfig(backend, args.update_weight_buffer_size)
+    )
+
+
 def sync_weights(args, group, manager, run: Path, version: int) -> str:
-    """Write the actor's weights as an HF checkpoint, have every engine load it, keep only the newest copy."""
+    """Push the actor's weights to every engine: broadcast, or an HF checkpoint on disk (only the newest copy is
+    kept); every engine must then report `version`."""
     import ray
 
+    from slime_search.rollout.engine_client import EngineError
+
+    if args.update_weight_transport == "nccl":
+        served = group.broadcast_weights(str(version))
+        if any(v != str(version) for v in served):
+            raise EngineError(f"engines serve weight versions {served} after pushing version {version}")
+        return served[0]
     weights = group.write_hf(args.hf_checkpoint, str(run / "weights" / f"step_{version}"))
     served = ray.get(manager.update_weights_from_disk.remote(weights, str(version)))
     for older in (run / "weights").glob("step_*"):
@@ -145,6 +171,13 @@ def write_report(run: Path) -> None:
     logger.info("report: %s", render_report(run))
 
 
+def disconnect_weight_sync(group) -> None:
+    try:
+        group.disconnect_engines()
+    except Exception as err:  # noqa: BLE001 - a failed run still stops its engines and actors
+        logger.warning("leaving the weight-update group: %s", err)
+
+
 def stop(manager) -> None:
     """Stop the engines the manager started, then the actor itself (also when its start-up failed)."""
     import ray
@@ -188,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         group.load_hf(args.hf_checkpoint, config, args.load, overrides)
         if args.use_kl_loss:
             group.load_reference(args.hf_checkpoint, config, args.ref_load or args.load, overrides)
+        connect_weight_sync(args, group, manager)
         start = resume(args, run, group, manager, sink)
         for step in range(start, args.num_rollout):
             if eval_due(args, step):
@@ -210,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             evaluate(args, manager, sink, run, args.num_rollout)
         write_report(run)
     finally:
+        disconnect_weight_sync(group)
         stop(manager)
         group.shutdown()
         sink.close()

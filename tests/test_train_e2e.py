@@ -41,7 +41,8 @@ def wait_for_checkpoint(run, proc, iteration: int, timeout_s: float = 600) -> No
     raise AssertionError(f"no checkpoint {iteration} within {timeout_s} s")
 
 
-def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_path):
+def prepare_task(tmp_path):
+    """A BM25 index over the tiny corpus, 4 training and 2 eval prompts; returns the retriever's arguments."""
     write_tiny_corpus(tmp_path / "corpus.jsonl")
     index_args = ["--retriever-name", "bm25", "--corpus-path", str(tmp_path / "corpus.jsonl"), "--save-dir"]
     assert build_index.main([*index_args, str(tmp_path)]) == 0
@@ -51,9 +52,20 @@ def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_
     ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
     pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "eval.parquet")
+    return [
+        "--retriever-name",
+        "bm25",
+        "--index-path",
+        str(tmp_path / "bm25"),
+        "--corpus-path",
+        str(tmp_path / "corpus.jsonl"),
+    ]
+
+
+def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_path):
+    retriever_args = prepare_task(tmp_path)
     run = tmp_path / "run"
-    retriever_args = ["--index-path", str(tmp_path / "bm25"), "--corpus-path", str(tmp_path / "corpus.jsonl")]
-    with RetrievalServerProcess("--retriever-name", "bm25", *retriever_args) as retriever:
+    with RetrievalServerProcess(*retriever_args) as retriever:
         command = [
             sys.executable, "-m", "slime_search.train",
             "--hf-checkpoint", str(tiny_checkpoint), "--save", str(run),
@@ -100,3 +112,32 @@ def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_
         ("eval", 0), ("eval", 2), ("eval", 3), ("train", 0), ("train", 1), ("train", 2)
     ]  # fmt: skip
     assert all(e["segments"] and e["prompt"] for e in examples)
+
+
+def test_grpo_with_broadcast_weight_sync_to_the_engine(tiny_checkpoint, tmp_path):
+    """Tensor-parallel ranks gathered on rank 0 and broadcast over gloo to the CPU engine after every step."""
+    retriever_args = prepare_task(tmp_path)
+    run = tmp_path / "run"
+    with RetrievalServerProcess(*retriever_args) as retriever:
+        command = [
+            sys.executable, "-m", "slime_search.train",
+            "--hf-checkpoint", str(tiny_checkpoint), "--save", str(run),
+            "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template",
+            "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+            "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
+            "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.001",
+            "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
+            "--update-weight-transport", "nccl", "--update-weight-buffer-size", str(1 << 20),
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["weight_version"] for r in train] == [1, 2, 3]  # what the engine reported after each broadcast
+    assert [r["rollout/weight_version"] for r in train] == [0, 1, 2]
+    assert not (run / "weights").exists()  # nothing went through the disk
+    # the engine sampled step k's rollout from the actor's weights after step k-1: Megatron's log-probs of those
+    # tokens equal the engine's, although the policy moved away from its start (KL to the reference grows)
+    diffs = [r["train/train_rollout_logprob_abs_diff"] for r in train]
+    kls = [r["train/kl_loss"] for r in train]
+    assert max(diffs) < 1e-3, diffs
+    assert kls[2] > 100 * max(diffs), (kls, diffs)

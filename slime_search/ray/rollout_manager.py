@@ -153,6 +153,10 @@ class RolloutManager:
 
         return asyncio.run(update_engines_from_disk(self.engines.worker_urls, model_path, weight_version))
 
+    def worker_urls(self) -> list[str]:
+        """Every engine's own address (not the router's), for weight updates."""
+        return list(self.engines.worker_urls)
+
     def state_dict(self) -> dict[str, Any]:
         return {"data": self.source.state_dict()}
 

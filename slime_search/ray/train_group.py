@@ -118,6 +118,37 @@ class TrainRank:
         write_hf_checkpoint(full, self.shape, original_hf, out_dir, te_names=uses_te_names(self.actor.model.module))
         return out_dir
 
+    def connect_engines(self, engine_urls: list[str], ranks_per_engine: list[int], config) -> None:
+        """Rank 0 hosts the weight-update group the engines join (the other ranks only help gather)."""
+        import ray
+
+        from slime_search.backends.megatron.distributed import free_port
+        from slime_search.weight_broadcast import WeightBroadcaster
+
+        if self.rank != 0:
+            return
+        self.broadcaster = WeightBroadcaster(config)
+        self.broadcaster.connect(engine_urls, ranks_per_engine, ray.util.get_node_ip_address(), free_port())
+
+    def broadcast_weights(self, weight_version: str) -> list[str] | None:
+        """Gather the tensor-parallel shards, convert to HF names, broadcast to every engine (rank 0)."""
+        from megatron_bridge import megatron_to_hf
+        from slime_search.backends.megatron.model import uses_te_names
+        from slime_search.weight_sync import gather_full_megatron_state
+
+        full = gather_full_megatron_state(self.actor.local_state_dict())
+        if self.rank != 0:
+            return None
+        hf_state = megatron_to_hf(full, self.shape, te_names=uses_te_names(self.actor.model.module))
+        if self.shape.tie_word_embeddings:
+            hf_state.pop("lm_head.weight")
+        return self.broadcaster.push(hf_state, weight_version)
+
+    def disconnect_engines(self) -> None:
+        if getattr(self, "broadcaster", None) is not None:
+            self.broadcaster.close()
+            self.broadcaster = None
+
 
 class RayTrainGroup:
     def __init__(self, config: TrainGroupConfig, placement_group=None):
@@ -202,6 +233,23 @@ class RayTrainGroup:
         import ray
 
         return ray.get([rank.write_hf.remote(original_hf, out_dir) for rank in self.ranks])[0]
+
+    def connect_engines(self, engine_urls: list[str], ranks_per_engine: list[int], config) -> None:
+        """Set up broadcast weight sync (`slime_search.weight_broadcast`) from rank 0 to these engines."""
+        import ray
+
+        ray.get([rank.connect_engines.remote(engine_urls, ranks_per_engine, config) for rank in self.ranks])
+
+    def broadcast_weights(self, weight_version: str) -> list[str]:
+        """Push the current weights to every engine; returns the versions the engines report."""
+        import ray
+
+        return ray.get([rank.broadcast_weights.remote(weight_version) for rank in self.ranks])[0]
+
+    def disconnect_engines(self) -> None:
+        import ray
+
+        ray.get([rank.disconnect_engines.remote() for rank in self.ranks])
 
     def shutdown(self) -> None:
         import ray

@@ -89,6 +89,27 @@ class CpuEngine:
         self.weight_version = weight_version if weight_version is not None else str(int(self.weight_version) + 1)
         return self.weight_version
 
+    @torch.no_grad()
+    def load_named_tensors(self, tensors: dict[str, torch.Tensor], weight_version: str | None = None) -> str:
+        """Copy HF-named tensors into the model (some or all of them); every name and shape is checked before
+        anything is copied. The version changes only when `weight_version` is given (the last bucket)."""
+        state = self.model.state_dict()
+        unknown = sorted(name for name in tensors if name not in state)
+        if unknown:
+            raise ValueError(f"the model has no weights named {', '.join(unknown[:5])}")
+        wrong = [
+            f"{n} {list(t.shape)} (model: {list(state[n].shape)})"
+            for n, t in tensors.items()
+            if t.shape != state[n].shape
+        ]
+        if wrong:
+            raise ValueError(f"shape mismatch: {'; '.join(wrong[:5])}")
+        for name, tensor in tensors.items():
+            state[name].copy_(tensor)
+        if weight_version is not None:
+            self.weight_version = weight_version
+        return self.weight_version
+
     # ---- generation -------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

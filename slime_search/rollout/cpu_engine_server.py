@@ -3,7 +3,9 @@
     python -m slime_search.rollout.cpu_engine_server --model-path CKPT [--port 30000] [--max-batch-size 32]
 
 Endpoints: POST /generate, GET /health, GET /health_generate, GET /get_model_info,
-POST /update_weights_from_disk, POST /flush_cache, POST /abort_request. Concurrent /generate requests are
+POST /update_weights_from_disk, GET /get_weight_version, POST /flush_cache, POST /abort_request, and the
+broadcast weight sync (POST /init_weights_update_group, /update_weights_from_distributed,
+/destroy_weights_update_group) over gloo. Concurrent /generate requests are
 collected for a few milliseconds and run as one batch (shared prefill and decode passes over a KV cache).
 Weight updates run on the same worker, between batches, so no generation ever mixes two weight versions.
 """
@@ -179,6 +181,12 @@ def create_app(engine, config: EngineServerConfig):
             return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
         return {"success": True, "message": f"loaded {path}", "weight_version": new_version}
 
+    @app.get("/get_weight_version")
+    async def get_weight_version():
+        return {"weight_version": engine.weight_version}
+
+    add_weight_update_group_routes(app, engine, batcher, read_json)
+
     @app.post("/flush_cache")
     async def flush_cache():
         # The KV cache lives only for the duration of a batch, so there is no cross-request cache to drop.
@@ -191,6 +199,76 @@ def create_app(engine, config: EngineServerConfig):
         return {"success": True}
 
     return app
+
+
+def require(body: dict, key: str, kind: type):
+    value = body.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise BadRequest(f"'{key}' ({kind.__name__}) is required")
+    return value
+
+
+def add_weight_update_group_routes(app, engine, batcher, read_json) -> None:
+    """SGLang's broadcast weight sync over gloo: join the trainer's group, receive buckets, leave."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    from slime_search.weight_broadcast import DEFAULT_GROUP_NAME, join_weight_update_group, receive_tensors
+
+    groups: dict[str, Any] = {}
+
+    @app.post("/init_weights_update_group")
+    async def init_group(request: Request):
+        body = await read_json(request)
+        name = body.get("group_name") or DEFAULT_GROUP_NAME
+        backend = body.get("backend", "gloo")
+        if backend != "gloo":
+            raise BadRequest(f"the CPU engine joins weight-update groups over gloo, not {backend!r}")
+        if name in groups:
+            raise BadRequest(f"already in weight-update group {name!r}")
+        address, port = require(body, "master_address", str), require(body, "master_port", int)
+        rank, world_size = require(body, "rank_offset", int), require(body, "world_size", int)
+        try:
+            groups[name] = await asyncio.to_thread(
+                join_weight_update_group, "gloo", address, port, rank, world_size, name, 600.0
+            )
+        except (RuntimeError, ValueError) as err:
+            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
+        return {"success": True, "message": f"joined {name} as rank {rank} of {world_size}"}
+
+    @app.post("/update_weights_from_distributed")
+    async def update_from_distributed(request: Request):
+        body = await read_json(request)
+        name = body.get("group_name") or DEFAULT_GROUP_NAME
+        if name not in groups:
+            raise BadRequest(f"not in weight-update group {name!r}: POST /init_weights_update_group first")
+        names, dtypes, shapes = (
+            require(body, "names", list),
+            require(body, "dtypes", list),
+            require(body, "shapes", list),
+        )
+        version = body.get("weight_version")
+
+        def receive_and_load():
+            tensors = receive_tensors(groups[name], names, dtypes, shapes)
+            return engine.load_named_tensors(tensors, None if version is None else str(version))
+
+        try:
+            served = await batcher.run_in_worker(receive_and_load)
+        except (RuntimeError, ValueError) as err:
+            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
+        return {"success": True, "message": f"loaded {len(names)} tensors", "weight_version": served}
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_group(request: Request):
+        import torch.distributed as dist
+
+        body = await read_json(request)
+        name = body.get("group_name") or DEFAULT_GROUP_NAME
+        if name not in groups:
+            return JSONResponse({"success": False, "message": f"not in weight-update group {name!r}"}, status_code=400)
+        dist.destroy_process_group(groups.pop(name))
+        return {"success": True, "message": f"left {name}"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -81,6 +81,14 @@ class EngineClient:
             payload["weight_version"] = weight_version
         return await self._request("POST", "/update_weights_from_disk", payload)
 
+    async def weight_version(self) -> str:
+        """The weight version the engine serves (SGLang's GET /get_weight_version)."""
+        return str((await self._request("GET", "/get_weight_version"))["weight_version"])
+
+    async def post(self, path: str, payload: dict[str, Any]) -> dict:
+        """Any other POST of SGLang's API (the weight-update group calls, for example)."""
+        return await self._request("POST", path, payload)
+
     async def flush_cache(self) -> dict:
         return await self._request("POST", "/flush_cache")
 

@@ -1,0 +1,246 @@
+"""Weight sync by collective broadcast: trainer rank 0 -> every engine, over a process group of their own.
+
+This is SGLang's protocol for engines on GPUs of their own, and the CPU engine serves it too (over gloo):
+
+1. The trainer picks a TCP rendezvous address and, while joining it as rank 0, asks every engine to join
+   (`POST /init_weights_update_group` with `rank_offset` and `world_size`; an engine of k GPUs takes k ranks).
+2. Per bucket of whole tensors, it posts the bucket's names / dtypes / shapes to every engine
+   (`POST /update_weights_from_distributed`) and broadcasts the tensors from rank 0 in that order.
+   Only the last bucket carries the new `weight_version`, so an engine reports the new version only once it
+   holds all of it.
+3. `POST /destroy_weights_update_group` when training ends.
+
+The group is created the way SGLang creates its side of it (a rendezvous store under a `group_name` prefix and a
+process group that is not torch's default one), so the trainer can join it next to Megatron's own groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_GROUP_NAME = "weight_update_group"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name SGLang reads (`getattr(torch, name)`): 'bfloat16', not 'torch.bfloat16'."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"weights of dtype {dtype} cannot be broadcast (supported: {', '.join(DTYPES)})")
+    return name
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"unknown weight dtype {name!r} (supported: {', '.join(DTYPES)})")
+    return DTYPES[name]
+
+
+def join_weight_update_group(
+    backend: str, master_address: str, master_port: int, rank: int, world_size: int, group_name: str, timeout_s: float
+):
+    """Join (or, as rank 0, host) the weight-update process group; blocks until all `world_size` ranks joined."""
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
+
+    timeout = timedelta(seconds=timeout_s)
+    store, rank, world_size = next(
+        rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout)
+    )
+    store.set_timeout(timeout)
+    group, _ = _new_process_group_helper(
+        world_size,
+        rank,
+        [],
+        Backend(backend),
+        PrefixStore(group_name, store),
+        group_name=group_name,
+        backend_options=None,
+        timeout=timeout,
+    )
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}  # group ranks are the ranks we were given
+    return group
+
+
+def plan_buckets(sizes: Iterable[tuple[str, int]], max_bytes: int) -> list[list[str]]:
+    """Consecutive tensors grouped so that a bucket stays under `max_bytes` (a larger tensor goes alone)."""
+    if max_bytes <= 0:
+        raise ValueError(f"bucket size must be positive, got {max_bytes}")
+    buckets: list[list[str]] = []
+    filled = 0
+    for name, size in sizes:
+        if not buckets or filled + size > max_bytes:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(name)
+        filled += size
+    return buckets
+
+
+def broadcast_tensors(group, tensors: list[torch.Tensor]) -> None:
+    """Rank 0's side of a bucket: every tensor in order (the receivers post matching broadcasts)."""
+    import torch.distributed as dist
+
+    for tensor in tensors:
+        dist.broadcast(tensor, src=0, group=group)
+
+
+def receive_tensors(
+    group, names: list[str], dtypes: list[str], shapes: list[list[int]], device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """An engine's side of a bucket. Everything announced is received before anything is checked, so a bad
+    bucket never leaves the trainer waiting on a broadcast nobody receives."""
+    import torch.distributed as dist
+
+    if not (len(names) == len(dtypes) == len(shapes)):
+        raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes and {len(shapes)} shapes")
+    received = {}
+    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
+        tensor = torch.empty([int(n) for n in shape], dtype=dtype_from_name(dtype), device=device)
+        dist.broadcast(tensor, src=0, group=group)
+        received[name] = tensor
+    return received
+
+
+@dataclass(frozen=True)
+class BroadcastConfig:
+    backend: str  # "nccl" between GPUs, "gloo" on CPU
+    bucket_bytes: int = 512 * 1024**2
+    group_name: str = DEFAULT_GROUP_NAME
+    timeout_s: float = 600.0
+
+
+class WeightBroadcaster:
+    """Trainer rank 0's end of the weight-update group: connect to the engines once, push after every step."""
+
+    def __init__(self, config: BroadcastConfig):
+        self.config = config
+        self.group = None
+        self.engine_urls: list[str] = []
+
+    def connect(self, engine_urls: list[str], ranks_per_engine: list[int], master_address: str, port: int) -> None:
+        """Engines take ranks 1.. in order (an engine of k GPUs k consecutive ranks); the trainer is rank 0."""
+        if len(engine_urls) != len(ranks_per_engine):
+            raise ValueError(f"{len(engine_urls)} engines but {len(ranks_per_engine)} rank counts")
+        offsets = [1 + sum(ranks_per_engine[:i]) for i in range(len(engine_urls))]
+        world_size = 1 + sum(ranks_per_engine)
+
+        async def connect_all():
+            joins = [
+                asyncio.create_task(
+                    _post(
+                        url,
+                        "/init_weights_update_group",
+                        {
+                            "master_address": master_address,
+                            "master_port": port,
+                            "rank_offset": offset,
+                            "world_size": world_size,
+                            "group_name": self.config.group_name,
+                            "backend": self.config.backend,
+                        },
+                    )
+                )
+                for url, offset in zip(engine_urls, offsets, strict=True)
+            ]
+            group = await asyncio.to_thread(
+                join_weight_update_group,
+                self.config.backend,
+                master_address,
+                port,
+                0,
+                world_size,
+                self.config.group_name,
+                self.config.timeout_s,
+            )
+            for url, answer in zip(engine_urls, await asyncio.gather(*joins), strict=True):
+                _check(url, "init_weights_update_group", answer)
+            return group
+
+        self.group = asyncio.run(connect_all())
+        self.engine_urls = list(engine_urls)
+        logger.info(
+            "weight-update group %s: %d engines, world size %d", self.config.group_name, len(offsets), world_size
+        )
+
+    def push(self, named_tensors: dict[str, torch.Tensor], weight_version: str) -> list[str]:
+        """Broadcast every tensor, bucket by bucket; returns the weight versions the engines then report."""
+        if self.group is None:
+            raise RuntimeError("connect() to the engines before pushing weights")
+        tensors = {name: tensor.detach().contiguous() for name, tensor in named_tensors.items()}
+        sizes = [(name, t.numel() * t.element_size()) for name, t in tensors.items()]
+        buckets = plan_buckets(sizes, self.config.bucket_bytes)
+        return asyncio.run(self._push(tensors, buckets, weight_version))
+
+    async def _push(self, tensors: dict[str, torch.Tensor], buckets: list[list[str]], weight_version: str):
+        for i, names in enumerate(buckets):
+            last = i == len(buckets) - 1
+            payload = {
+                "names": names,
+                "dtypes": [dtype_name(tensors[n].dtype) for n in names],
+                "shapes": [list(tensors[n].shape) for n in names],
+                "group_name": self.config.group_name,
+                "flush_cache": last,
+                **({"weight_version": weight_version} if last else {}),
+            }
+            posts = [
+                asyncio.create_task(_post(url, "/update_weights_from_distributed", payload)) for url in self.engine_urls
+            ]
+            await asyncio.to_thread(broadcast_tensors, self.group, [tensors[n] for n in names])
+            for url, answer in zip(self.engine_urls, await asyncio.gather(*posts), strict=True):
+                _check(url, "update_weights_from_distributed", answer)
+        return list(await asyncio.gather(*(_served_version(url) for url in self.engine_urls)))
+
+    def close(self) -> None:
+        """Engines leave the group first (a destroy that fails is logged: the engine may be gone already)."""
+        import torch.distributed as dist
+
+        if self.group is None:
+            return
+
+        async def leave_all():
+            payload = {"group_name": self.config.group_name}
+            return await asyncio.gather(
+                *(_post(url, "/destroy_weights_update_group", payload) for url in self.engine_urls),
+                return_exceptions=True,
+            )
+
+        for url, answer in zip(self.engine_urls, asyncio.run(leave_all()), strict=True):
+            if isinstance(answer, Exception) or not answer.get("success", False):
+                logger.warning("engine %s did not leave the weight-update group: %s", url, answer)
+        dist.destroy_process_group(self.group)
+        self.group = None
+
+
+async def _post(url: str, path: str, payload: dict) -> dict:
+    from slime_search.rollout.engine_client import EngineClient, EngineClientConfig
+
+    client = EngineClient(EngineClientConfig(url))
+    try:
+        return await client.post(path, payload)
+    finally:
+        await client.close()
+
+
+async def _served_version(url: str) -> str:
+    from slime_search.rollout.engine_client import EngineClient, EngineClientConfig
+
+    client = EngineClient(EngineClientConfig(url))
+    try:
+        return await client.weight_version()
+    finally:
+        await client.close()
+
+
+def _check(url: str, what: str, answer: dict) -> None:
+    from slime_search.rollout.engine_client import EngineError
+
+    if not answer.get("success", False):
+        raise EngineError(f"engine {url}: {what} failed: {answer.get('message', answer)}")

@@ -1,0 +1,142 @@
+"""Broadcast weight sync (SGLang's /init_weights_update_group protocol) from this process to CPU engine servers."""
+
+import httpx
+import pytest
+import torch
+
+from slime_search.backends.megatron.distributed import free_port
+from slime_search.utils.server_process import ServerProcess
+from slime_search.weight_broadcast import (
+    BroadcastConfig,
+    WeightBroadcaster,
+    dtype_from_name,
+    dtype_name,
+    plan_buckets,
+)
+
+pytestmark = pytest.mark.timeout(300)
+PROMPT = [151644, 872, 198, 9707, 1879, 0, 151645, 198, 151644, 77091, 198]
+
+
+def test_buckets_keep_order_and_stay_under_the_limit():
+    sizes = [("a", 40), ("b", 50), ("c", 20), ("d", 200), ("e", 10)]
+    assert plan_buckets(sizes, 100) == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert plan_buckets(sizes, 10_000) == [["a", "b", "c", "d", "e"]]
+    assert plan_buckets([], 100) == []
+    with pytest.raises(ValueError, match="positive"):
+        plan_buckets(sizes, 0)
+
+
+def test_dtype_names_are_the_ones_sglang_reads():
+    assert dtype_name(torch.bfloat16) == "bfloat16"
+    assert dtype_from_name("float32") is torch.float32
+    with pytest.raises(ValueError, match="int64"):
+        dtype_name(torch.int64)
+    with pytest.raises(ValueError, match="unknown weight dtype"):
+        dtype_from_name("torch.float32")
+
+
+def engine_argv(checkpoint):
+    return ["-m", "slime_search.rollout.cpu_engine_server", "--model-path", str(checkpoint), "--port", "0"]
+
+
+def generate(url: str, temperature: float = 1.0) -> dict:
+    body = {
+        "input_ids": PROMPT,
+        "sampling_params": {"max_new_tokens": 6, "temperature": temperature},
+        "return_logprob": True,
+    }
+    return httpx.post(f"{url}/generate", json=body, timeout=60).json()
+
+
+def log_probs_under(model, prompt: list[int], output_ids: list[int]) -> list[float]:
+    tokens = prompt + output_ids
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([tokens])).logits[0], -1)
+    return [lp[len(prompt) + i - 1, t].item() for i, t in enumerate(output_ids)]
+
+
+def perturbed_state(checkpoint):
+    """The tiny policy with every weight moved, as the HF state dict a trainer would push."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    return model, state
+
+
+def test_two_engines_receive_every_bucket_and_serve_the_new_version(tiny_checkpoint):
+    model, state = perturbed_state(tiny_checkpoint)
+    with ServerProcess(engine_argv(tiny_checkpoint)) as first, ServerProcess(engine_argv(tiny_checkpoint)) as second:
+        urls = [first.url, second.url]
+        before = generate(first.url)
+        broadcaster = WeightBroadcaster(BroadcastConfig("gloo", bucket_bytes=256 * 1024, timeout_s=120))
+        broadcaster.connect(urls, [1, 1], "127.0.0.1", free_port())
+        try:
+            assert broadcaster.push(state, "7") == ["7", "7"]
+            for url in urls:
+                out = generate(url)
+                assert out["meta_info"]["weight_version"] == "7"
+                engine_lps = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+                # the engine now samples from the pushed weights: its log-probs are theirs, not the old model's
+                assert engine_lps == pytest.approx(log_probs_under(model, PROMPT, out["output_ids"]), abs=1e-4)
+            old_lps = [lp for lp, _, _ in before["meta_info"]["output_token_logprobs"]]
+            new_lps = log_probs_under(model, PROMPT, before["output_ids"])
+            assert max(abs(a - b) for a, b in zip(old_lps, new_lps, strict=True)) > 1e-2
+            sizes = [(n, t.numel() * 4) for n, t in state.items()]
+            assert len(plan_buckets(sizes, 256 * 1024)) > 2  # the push really went in several buckets
+        finally:
+            broadcaster.close()
+        for url in urls:  # the engines left the group
+            answer = httpx.post(f"{url}/destroy_weights_update_group", json={}, timeout=30)
+            assert answer.status_code == 400 and "not in weight-update group" in answer.text
+
+
+def test_a_bad_bucket_is_refused_whole_and_the_group_stays_usable(tiny_checkpoint):
+    from slime_search.rollout.engine_client import EngineError
+
+    _, state = perturbed_state(tiny_checkpoint)
+    with ServerProcess(engine_argv(tiny_checkpoint)) as engine:
+        before = generate(engine.url, temperature=0.0)
+        broadcaster = WeightBroadcaster(BroadcastConfig("gloo", timeout_s=120))
+        broadcaster.connect([engine.url], [1], "127.0.0.1", free_port())
+        try:
+            bad = {"model.norm.weight": state["model.norm.weight"], "model.not_a_layer.weight": torch.ones(3)}
+            with pytest.raises(EngineError, match="no weights named model.not_a_layer.weight"):
+                broadcaster.push(bad, "1")
+            after_bad = httpx.get(f"{engine.url}/get_weight_version", timeout=30).json()
+            assert after_bad == {"weight_version": "0"}
+            again = generate(engine.url, temperature=0.0)  # the refused bucket's valid tensor was not applied either
+            assert again["output_ids"] == before["output_ids"]
+            assert again["meta_info"]["output_token_logprobs"] == before["meta_info"]["output_token_logprobs"]
+            wrong_shape = {"model.norm.weight": torch.ones(5)}
+            with pytest.raises(EngineError, match="shape mismatch"):
+                broadcaster.push(wrong_shape, "1")
+            assert broadcaster.push(state, "2") == ["2"]
+        finally:
+            broadcaster.close()
+
+
+def test_weight_update_group_requests_are_checked(tiny_checkpoint):
+    with ServerProcess(engine_argv(tiny_checkpoint)) as engine:
+        nccl = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "backend": "nccl"}
+        answer = httpx.post(f"{engine.url}/init_weights_update_group", json=nccl, timeout=30)
+        assert answer.status_code == 400 and "over gloo" in answer.text
+        missing = {"master_address": "127.0.0.1", "rank_offset": 1, "world_size": 2, "backend": "gloo"}
+        answer = httpx.post(f"{engine.url}/init_weights_update_group", json=missing, timeout=30)
+        assert answer.status_code == 400 and "'master_port'" in answer.text
+        update = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]]}
+        answer = httpx.post(f"{engine.url}/update_weights_from_distributed", json=update, timeout=30)
+        assert answer.status_code == 400 and "/init_weights_update_group first" in answer.text
+        assert generate(engine.url)["meta_info"]["weight_version"] == "0"  # still serving
+
+
+def test_push_before_connect_is_an_error():
+    with pytest.raises(RuntimeError, match="connect"):
+        WeightBroadcaster(BroadcastConfig("gloo")).push({"w": torch.ones(2)}, "1")
