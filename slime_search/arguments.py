@@ -29,12 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--colocate", action="store_true", help="engines share the actor's GPUs")
     g.add_argument(
         "--update-weight-transport",
-        choices=["disk", "nccl"],
+        choices=["disk", "nccl", "tensor"],
         default=None,
-        help="weight sync after each step: 'nccl' broadcasts from trainer rank 0 to the engines (NCCL on GPU, gloo "
-        "on CPU), 'disk' writes an HF checkpoint the engines load (default: nccl with GPU engines, else disk)",
+        help="weight sync after each step: 'nccl' broadcasts from actor rank 0 to the engines (NCCL on GPU, gloo on "
+        "CPU); 'tensor' gives engines on the actor's devices handles to the actor's tensors (CUDA IPC on GPU, shared "
+        "memory on CPU); 'disk' writes an HF checkpoint the engines load. Default: tensor with --colocate, nccl with "
+        "engines on GPUs of their own, disk otherwise",
     )
-    g.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024**2, help="bytes per broadcast bucket")
+    g.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024**2, help="bytes per weight-sync bucket")
     g.add_argument("--sglang-mem-fraction-static", type=float, default=0.8)
     g.add_argument("--sglang-router-port", type=int, default=0)
     g.add_argument("--engine-url", default=None, help="use this running engine instead of starting one")
@@ -108,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "(--rollout-batch-size x --n-samples-per-prompt)"
         )
     if args.update_weight_transport is None:
-        args.update_weight_transport = "nccl" if args.rollout_num_gpus else "disk"
+        args.update_weight_transport = "tensor" if args.colocate else "nccl" if args.rollout_num_gpus else "disk"
     if args.update_weight_buffer_size <= 0:
         raise SystemExit("--update-weight-buffer-size must be a positive number of bytes")
     if args.colocate:

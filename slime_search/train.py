@@ -60,41 +60,16 @@ def train_on(args, group, samples) -> dict[str, float]:
     return metrics
 
 
-def connect_weight_sync(args, group, manager) -> None:
-    """For broadcast weight sync, the engines join a process group hosted by actor rank 0 (once per run)."""
-    import ray
-    import torch
-
-    from slime_search.weight_broadcast import BroadcastConfig
-
-    if args.update_weight_transport != "nccl" or not serves_policy(args):
-        return
-    urls = ray.get(manager.worker_urls.remote())
-    ranks_per_engine = args.rollout_num_gpus_per_engine if args.rollout_num_gpus else 1
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    group.connect_engines(
-        urls, [ranks_per_engine] * len(urls), BroadcastConfig(backend, args.update_weight_buffer_size)
-    )
-
-
 def sync_weights(args, group, manager, run: Path, version: int) -> str:
-    """Push the actor's weights to every engine: broadcast, or an HF checkpoint on disk (only the newest copy is
-    kept); every engine must then report `version`."""
-    import ray
+    """Push the actor's weights to every engine (see slime_search.weight_sync); every engine must then serve
+    `version`. A disk sync keeps only the newest checkpoint copy."""
+    from slime_search.weight_sync import push_weights
 
-    from slime_search.rollout.engine_client import EngineError
-
-    if args.update_weight_transport == "nccl":
-        served = group.broadcast_weights(str(version))
-        if any(v != str(version) for v in served):
-            raise EngineError(f"engines serve weight versions {served} after pushing version {version}")
-        return served[0]
-    weights = group.write_hf(args.hf_checkpoint, str(run / "weights" / f"step_{version}"))
-    served = ray.get(manager.update_weights_from_disk.remote(weights, str(version)))
+    served = push_weights(args, group, manager, run / "weights" / f"step_{version}", str(version))
     for older in (run / "weights").glob("step_*"):
         if older.name != f"step_{version}":
             shutil.rmtree(older, ignore_errors=True)
-    return served[0]
+    return served
 
 
 def evaluate(args, manager, sink, run: Path, version: int) -> None:
@@ -171,7 +146,7 @@ def write_report(run: Path) -> None:
     logger.info("report: %s", render_report(run))
 
 
-def disconnect_weight_sync(group) -> None:
+def disconnect_engines(group) -> None:
     try:
         group.disconnect_engines()
     except Exception as err:  # noqa: BLE001 - a failed run still stops its engines and actors
@@ -202,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     from slime_search.metrics import MetricsSink, PhaseClock
     from slime_search.ray.rollout_manager import RolloutManager
     from slime_search.ray.train_group import RayTrainGroup, TrainGroupConfig
+    from slime_search.weight_sync import connect_engines
 
     hf_config = AutoConfig.from_pretrained(args.hf_checkpoint)
     check_model_flags(args, hf_config)
@@ -221,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         group.load_hf(args.hf_checkpoint, config, args.load, overrides)
         if args.use_kl_loss:
             group.load_reference(args.hf_checkpoint, config, args.ref_load or args.load, overrides)
-        connect_weight_sync(args, group, manager)
+        if serves_policy(args):
+            connect_engines(args, group, manager)
         start = resume(args, run, group, manager, sink)
         for step in range(start, args.num_rollout):
             if eval_due(args, step):
@@ -244,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             evaluate(args, manager, sink, run, args.num_rollout)
         write_report(run)
     finally:
-        disconnect_weight_sync(group)
+        disconnect_engines(group)
         stop(manager)
         group.shutdown()
         sink.close()

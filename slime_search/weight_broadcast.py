@@ -196,7 +196,7 @@ class WeightBroadcaster:
             await asyncio.to_thread(broadcast_tensors, self.group, [tensors[n] for n in names])
             for url, answer in zip(self.engine_urls, await asyncio.gather(*posts), strict=True):
                 _check(url, "update_weights_from_distributed", answer)
-        return list(await asyncio.gather(*(_served_version(url) for url in self.engine_urls)))
+        return await served_versions(self.engine_urls)
 
     def close(self) -> None:
         """Engines leave the group first (a destroy that fails is logged: the engine may be gone already)."""
@@ -229,14 +229,18 @@ async def _post(url: str, path: str, payload: dict) -> dict:
         await client.close()
 
 
-async def _served_version(url: str) -> str:
+async def served_versions(urls: list[str]) -> list[str]:
+    """The weight version each engine reports (GET /get_weight_version)."""
     from slime_search.rollout.engine_client import EngineClient, EngineClientConfig
 
-    client = EngineClient(EngineClientConfig(url))
-    try:
-        return await client.weight_version()
-    finally:
-        await client.close()
+    async def one(url: str) -> str:
+        client = EngineClient(EngineClientConfig(url))
+        try:
+            return await client.weight_version()
+        finally:
+            await client.close()
+
+    return list(await asyncio.gather(*(one(url) for url in urls)))
 
 
 def _check(url: str, what: str, answer: dict) -> None:

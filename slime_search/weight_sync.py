@@ -1,6 +1,11 @@
 """Weight sync after a training step: Megatron shards -> full HF weights -> inference engines.
 
-The disk path works everywhere and is the CPU path: rank 0 writes an HF checkpoint (safetensors + the original
+Three transports (`--update-weight-transport`), all through SGLang's HTTP API:
+* nccl: actor rank 0 broadcasts bucket by bucket over a process group the engines join
+  (slime_search.weight_broadcast; NCCL on GPU, gloo with the CPU engine);
+* tensor: the actor ranks engines share a device with hand them tensor handles (slime_search.weight_ipc;
+  CUDA IPC on GPU, shared memory on CPU);
+* disk: works everywhere. Rank 0 writes an HF checkpoint (safetensors + the original
 config and tokenizer) into a fresh folder, renames it into place, and every engine loads it through
 `/update_weights_from_disk` with the new weight_version. Engines answer with the version they now serve, which is
 checked, so a rollout never starts on mixed versions.
@@ -74,3 +79,44 @@ async def update_engines_from_disk(engine_urls: list[str], model_path: str, weig
         return str(answer["weight_version"])
 
     return await asyncio.gather(*(one(url) for url in engine_urls))
+
+
+def ranks_per_engine(args, engines: int) -> list[int]:
+    """Process-group ranks (GPUs) of each engine; the CPU engine is one rank."""
+    return [args.rollout_num_gpus_per_engine if args.rollout_num_gpus else 1] * engines
+
+
+def connect_engines(args, group, manager) -> None:
+    """Once per run, before the first sync: the nccl transport's engines join actor rank 0's process group."""
+    import ray
+
+    from slime_search.weight_broadcast import BroadcastConfig
+
+    if args.update_weight_transport != "nccl":
+        return
+    urls = ray.get(manager.worker_urls.remote())
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    config = BroadcastConfig(backend, args.update_weight_buffer_size)
+    group.connect_engines(urls, ranks_per_engine(args, len(urls)), config)
+
+
+def push_weights(args, group, manager, disk_dir: Path, weight_version: str) -> str:
+    """The actor's current weights to every engine by the run's transport; returns the version they all serve."""
+    import ray
+
+    from slime_search.rollout.engine_client import EngineError
+    from slime_search.weight_ipc import push_by_handles
+
+    if args.update_weight_transport == "nccl":
+        served = group.broadcast_weights(weight_version)
+    elif args.update_weight_transport == "tensor":
+        urls = ray.get(manager.worker_urls.remote())
+        served = push_by_handles(
+            group, urls, ranks_per_engine(args, len(urls)), weight_version, args.update_weight_buffer_size
+        )
+    else:
+        weights = group.write_hf(args.hf_checkpoint, str(disk_dir))
+        served = ray.get(manager.update_weights_from_disk.remote(weights, weight_version))
+    if any(version != weight_version for version in served):
+        raise EngineError(f"engines serve weight versions {served} after the push of version {weight_version}")
+    return served[0]

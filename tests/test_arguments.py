@@ -39,6 +39,14 @@ def test_model_flags_from_scripts_are_checked_against_the_checkpoint(tiny_checkp
         check_model_flags(parse(*model_args("qwen2.5-3B")), config)
 
 
+def test_weight_transport_defaults_to_the_fastest_one_the_placement_allows():
+    assert parse().update_weight_transport == "disk"  # the CPU engine, unless asked otherwise
+    assert parse("--rollout-num-gpus", "4").update_weight_transport == "nccl"
+    assert parse("--update-weight-transport", "tensor").update_weight_transport == "tensor"
+    with pytest.raises(SystemExit):
+        parse("--update-weight-buffer-size", "0")
+
+
 def test_colocate_is_refused_with_the_alternative():
     with pytest.raises(SystemExit, match="--rollout-num-gpus"):
         parse("--colocate", "--rollout-num-gpus", "4")

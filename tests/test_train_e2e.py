@@ -114,8 +114,10 @@ def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_
     assert all(e["segments"] and e["prompt"] for e in examples)
 
 
-def test_grpo_with_broadcast_weight_sync_to_the_engine(tiny_checkpoint, tmp_path):
-    """Tensor-parallel ranks gathered on rank 0 and broadcast over gloo to the CPU engine after every step."""
+@pytest.mark.parametrize("transport", ["nccl", "tensor"])
+def test_grpo_with_weight_sync_that_skips_the_disk(tiny_checkpoint, tmp_path, transport):
+    """Tensor-parallel shards gathered and pushed to the CPU engine after every step: broadcast from rank 0 over
+    gloo ('nccl'), or shared-memory handles ('tensor')."""
     retriever_args = prepare_task(tmp_path)
     run = tmp_path / "run"
     with RetrievalServerProcess(*retriever_args) as retriever:
@@ -127,12 +129,12 @@ def test_grpo_with_broadcast_weight_sync_to_the_engine(tiny_checkpoint, tmp_path
             "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
             "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.001",
             "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
-            "--update-weight-transport", "nccl", "--update-weight-buffer-size", str(1 << 20),
+            "--update-weight-transport", transport, "--update-weight-buffer-size", str(1 << 20),
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["weight_version"] for r in train] == [1, 2, 3]  # what the engine reported after each broadcast
+    assert [r["weight_version"] for r in train] == [1, 2, 3]  # what the engine reported after each push
     assert [r["rollout/weight_version"] for r in train] == [0, 1, 2]
     assert not (run / "weights").exists()  # nothing went through the disk
     # the engine sampled step k's rollout from the actor's weights after step k-1: Megatron's log-probs of those

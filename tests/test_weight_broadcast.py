@@ -40,6 +40,13 @@ def engine_argv(checkpoint):
     return ["-m", "slime_search.rollout.cpu_engine_server", "--model-path", str(checkpoint), "--port", "0"]
 
 
+@pytest.fixture(scope="module")
+def checked_engine(tiny_checkpoint):
+    """An engine that only ever receives refused requests (its weights stay at version 0)."""
+    with ServerProcess(engine_argv(tiny_checkpoint)) as engine:
+        yield engine
+
+
 def generate(url: str, temperature: float = 1.0) -> dict:
     body = {
         "input_ids": PROMPT,
@@ -123,20 +130,88 @@ def test_a_bad_bucket_is_refused_whole_and_the_group_stays_usable(tiny_checkpoin
             broadcaster.close()
 
 
-def test_weight_update_group_requests_are_checked(tiny_checkpoint):
-    with ServerProcess(engine_argv(tiny_checkpoint)) as engine:
-        nccl = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "backend": "nccl"}
-        answer = httpx.post(f"{engine.url}/init_weights_update_group", json=nccl, timeout=30)
-        assert answer.status_code == 400 and "over gloo" in answer.text
-        missing = {"master_address": "127.0.0.1", "rank_offset": 1, "world_size": 2, "backend": "gloo"}
-        answer = httpx.post(f"{engine.url}/init_weights_update_group", json=missing, timeout=30)
-        assert answer.status_code == 400 and "'master_port'" in answer.text
-        update = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]]}
-        answer = httpx.post(f"{engine.url}/update_weights_from_distributed", json=update, timeout=30)
-        assert answer.status_code == 400 and "/init_weights_update_group first" in answer.text
-        assert generate(engine.url)["meta_info"]["weight_version"] == "0"  # still serving
+def test_weight_update_group_requests_are_checked(checked_engine):
+    engine = checked_engine
+    nccl = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "backend": "nccl"}
+    answer = httpx.post(f"{engine.url}/init_weights_update_group", json=nccl, timeout=30)
+    assert answer.status_code == 400 and "over gloo" in answer.text
+    missing = {"master_address": "127.0.0.1", "rank_offset": 1, "world_size": 2, "backend": "gloo"}
+    answer = httpx.post(f"{engine.url}/init_weights_update_group", json=missing, timeout=30)
+    assert answer.status_code == 400 and "'master_port'" in answer.text
+    update = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]]}
+    answer = httpx.post(f"{engine.url}/update_weights_from_distributed", json=update, timeout=30)
+    assert answer.status_code == 400 and "/init_weights_update_group first" in answer.text
+    assert generate(engine.url)["meta_info"]["weight_version"] == "0"  # still serving
 
 
 def test_push_before_connect_is_an_error():
     with pytest.raises(RuntimeError, match="connect"):
         WeightBroadcaster(BroadcastConfig("gloo")).push({"w": torch.ones(2)}, "1")
+
+
+# ---- tensor handles (SGLang's /update_weights_from_tensor) over shared memory ---------------------------------
+
+
+def test_engine_payloads_follow_the_ranks_engines_sit_on():
+    from slime_search.weight_ipc import engine_payloads
+
+    assert engine_payloads(["a", "b", "c", None], [2, 1]) == [["a", "b"], ["c"]]
+    with pytest.raises(ValueError, match="handles of 3 trainer ranks"):
+        engine_payloads(["a", None, "c"], [2, 1])
+
+
+def post_tensor_payload(url: str, entries, version=None) -> httpx.Response:
+    body = {"serialized_named_tensors": entries, "load_format": None, "flush_cache": True}
+    if version is not None:
+        body["weight_version"] = version
+    return httpx.post(f"{url}/update_weights_from_tensor", json=body, timeout=60)
+
+
+def test_shared_memory_handles_carry_new_weights_to_the_engine(tiny_checkpoint):
+    import asyncio
+
+    from slime_search.weight_ipc import post_bucket, serialize_named_tensors
+
+    model, state = perturbed_state(tiny_checkpoint)
+    names = sorted(state)
+    with ServerProcess(engine_argv(tiny_checkpoint)) as engine:
+        half = len(names) // 2
+        first = [(n, state[n]) for n in names[:half]]
+        second = [(n, state[n]) for n in names[half:]]
+        answer = asyncio.run(post_bucket(engine.url, [serialize_named_tensors(first)], None))
+        assert answer["weight_version"] == "0"  # a bucket without the version leaves the served version alone
+        answer = asyncio.run(post_bucket(engine.url, [serialize_named_tensors(second)], "3"))
+        assert answer["weight_version"] == "3"
+        out = generate(engine.url)
+        assert out["meta_info"]["weight_version"] == "3"
+        engine_lps = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        assert engine_lps == pytest.approx(log_probs_under(model, PROMPT, out["output_ids"]), abs=1e-4)
+
+
+class _RunsCommand:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("true",))
+
+
+@pytest.mark.parametrize(
+    "entries, message",
+    [
+        (["not base64 !"], "bad serialized_named_tensors entry"),
+        (["a", "b"], "one serialized_named_tensors entry"),
+        ("__pickle_of_code__", "refused posix.system"),
+        ("__pickle_of_dict__", "list of (name, tensor) pairs"),
+    ],
+)
+def test_tensor_payloads_are_checked_and_nothing_is_loaded(checked_engine, entries, message):
+    import base64
+    import pickle
+
+    if entries == "__pickle_of_code__":
+        entries = [base64.b64encode(pickle.dumps([("w", _RunsCommand())])).decode()]
+    elif entries == "__pickle_of_dict__":
+        entries = [base64.b64encode(pickle.dumps({"model.norm.weight": [1.0]})).decode()]
+    answer = post_tensor_payload(checked_engine.url, entries, "5")
+    assert answer.status_code == 400 and message in answer.text
+    assert httpx.get(f"{checked_engine.url}/get_weight_version", timeout=30).json() == {"weight_version": "0"}

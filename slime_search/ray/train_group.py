@@ -130,19 +130,50 @@ class TrainRank:
         self.broadcaster = WeightBroadcaster(config)
         self.broadcaster.connect(engine_urls, ranks_per_engine, ray.util.get_node_ip_address(), free_port())
 
-    def broadcast_weights(self, weight_version: str) -> list[str] | None:
-        """Gather the tensor-parallel shards, convert to HF names, broadcast to every engine (rank 0)."""
+    def _gathered_hf_state(self, convert: bool) -> dict | None:
+        """Collective over the tensor-parallel group: the full weights under HF names (None where not `convert`)."""
         from megatron_bridge import megatron_to_hf
         from slime_search.backends.megatron.model import uses_te_names
         from slime_search.weight_sync import gather_full_megatron_state
 
         full = gather_full_megatron_state(self.actor.local_state_dict())
-        if self.rank != 0:
+        if not convert:
             return None
         hf_state = megatron_to_hf(full, self.shape, te_names=uses_te_names(self.actor.model.module))
         if self.shape.tie_word_embeddings:
             hf_state.pop("lm_head.weight")
-        return self.broadcaster.push(hf_state, weight_version)
+        return {name: tensor.contiguous() for name, tensor in hf_state.items()}
+
+    def broadcast_weights(self, weight_version: str) -> list[str] | None:
+        """Gather the tensor-parallel shards, convert to HF names, broadcast to every engine (rank 0)."""
+        hf_state = self._gathered_hf_state(convert=self.rank == 0)
+        return None if hf_state is None else self.broadcaster.push(hf_state, weight_version)
+
+    def prepare_weight_handles(self, bucket_bytes: int, serving_ranks: int) -> int:
+        """Tensor-handle sync, step 1 (collective): the ranks engines sit on hold the HF weights in buckets."""
+        from slime_search.weight_broadcast import plan_buckets
+
+        self._handle_state = self._gathered_hf_state(convert=self.rank < serving_ranks)
+        self._sent: list = []
+        if self._handle_state is None:
+            self._handle_buckets = []
+            return 0
+        sizes = [(name, t.numel() * t.element_size()) for name, t in self._handle_state.items()]
+        self._handle_buckets = plan_buckets(sizes, bucket_bytes)
+        return len(self._handle_buckets)
+
+    def weight_handles(self, index: int) -> str | None:
+        """Step 2: bucket `index` serialized as handles (kept alive until finish_weight_handles)."""
+        from slime_search.weight_ipc import serialize_named_tensors
+
+        if self._handle_state is None:
+            return None
+        named = [(name, self._handle_state[name]) for name in self._handle_buckets[index]]
+        self._sent.append(named)
+        return serialize_named_tensors(named)
+
+    def finish_weight_handles(self) -> None:
+        self._handle_state, self._handle_buckets, self._sent = None, [], []
 
     def disconnect_engines(self) -> None:
         if getattr(self, "broadcaster", None) is not None:
@@ -250,6 +281,25 @@ class RayTrainGroup:
         import ray
 
         ray.get([rank.disconnect_engines.remote() for rank in self.ranks])
+
+    def prepare_weight_handles(self, bucket_bytes: int, serving_ranks: int) -> int:
+        """Tensor-handle sync (`slime_search.weight_ipc`): gather on every rank; returns the number of buckets."""
+        import ray
+
+        if serving_ranks > self.config.num_ranks:
+            raise ValueError(f"engines sit on {serving_ranks} trainer ranks but there are {self.config.num_ranks}")
+        counts = ray.get([rank.prepare_weight_handles.remote(bucket_bytes, serving_ranks) for rank in self.ranks])
+        return counts[0]
+
+    def weight_handles(self, index: int) -> list[str | None]:
+        import ray
+
+        return ray.get([rank.weight_handles.remote(index) for rank in self.ranks])
+
+    def finish_weight_handles(self) -> None:
+        import ray
+
+        ray.get([rank.finish_weight_handles.remote() for rank in self.ranks])
 
     def shutdown(self) -> None:
         import ray

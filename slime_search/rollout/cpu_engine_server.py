@@ -5,7 +5,7 @@
 Endpoints: POST /generate, GET /health, GET /health_generate, GET /get_model_info,
 POST /update_weights_from_disk, GET /get_weight_version, POST /flush_cache, POST /abort_request, and the
 broadcast weight sync (POST /init_weights_update_group, /update_weights_from_distributed,
-/destroy_weights_update_group) over gloo. Concurrent /generate requests are
+/destroy_weights_update_group) over gloo, and POST /update_weights_from_tensor with shared-memory handles. Concurrent /generate requests are
 collected for a few milliseconds and run as one batch (shared prefill and decode passes over a KV cache).
 Weight updates run on the same worker, between batches, so no generation ever mixes two weight versions.
 """
@@ -186,6 +186,29 @@ def create_app(engine, config: EngineServerConfig):
         return {"weight_version": engine.weight_version}
 
     add_weight_update_group_routes(app, engine, batcher, read_json)
+
+    @app.post("/update_weights_from_tensor")
+    async def update_from_tensor(request: Request):
+        from slime_search.weight_ipc import deserialize_named_tensors
+
+        body = await read_json(request)
+        entries = require(body, "serialized_named_tensors", list)
+        if len(entries) != 1 or not isinstance(entries[0], str):
+            raise BadRequest("the CPU engine is one rank: send one serialized_named_tensors entry (a string)")
+        if body.get("load_format") not in (None, "direct"):
+            raise BadRequest(f"load_format {body.get('load_format')!r} is not supported (use null)")
+        version = body.get("weight_version")
+
+        def load():
+            return engine.load_named_tensors(
+                deserialize_named_tensors(entries[0]), None if version is None else str(version)
+            )
+
+        try:
+            served = await batcher.run_in_worker(load)
+        except ValueError as err:
+            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
+        return {"success": True, "message": "loaded", "weight_version": served}
 
     @app.post("/flush_cache")
     async def flush_cache():
