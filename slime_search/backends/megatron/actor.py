@@ -14,6 +14,7 @@ import torch
 
 from slime_search.backends.megatron.logprobs import token_log_probs
 from slime_search.backends.megatron.loss import LossConfig, TrainSample, micro_batch_loss, response_logits_and_targets
+from slime_search.backends.megatron.offload import StorageOffloader, model_tensors, optimizer_tensors
 from slime_search.backends.megatron.optimizer import OptimConfig, build_optimizer
 from slime_search.backends.megatron.packing import PackedBatch, pack, split_by_token_budget
 
@@ -63,9 +64,16 @@ class ReferenceModel:
         for param in self.model.parameters():
             param.requires_grad_(False)
         self.config = config
+        self.offloader = StorageOffloader()
 
     def compute_log_probs(self, samples: list[TrainSample]) -> list[list[float]]:
         return packed_log_probs(lambda p: _forward(self.model, p), samples, self.config)
+
+    def offload(self) -> int:
+        return self.offloader.offload(model_tensors(self.model))
+
+    def onload(self) -> int:
+        return self.offloader.onload()
 
 
 class MegatronActor:
@@ -84,6 +92,14 @@ class MegatronActor:
             module=model,
         )
         self.optimizer = build_optimizer(self.model, config.optim, params_dtype)
+        self.offloader = StorageOffloader()
+
+    def offload(self) -> int:
+        """Give back the memory of weights, gradients and optimizer state (--colocate); returns bytes."""
+        return self.offloader.offload(model_tensors(self.model) + optimizer_tensors(self.optimizer))
+
+    def onload(self) -> int:
+        return self.offloader.onload()
 
     def _logits(self, packed: PackedBatch) -> torch.Tensor:
         return _forward(self.model, packed)
