@@ -26,7 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bf16", action="store_true", help="bf16 parameters (GPU); fp32 otherwise")
     g.add_argument("--rollout-num-gpus", type=int, default=0, help="GPUs for SGLang engines (0: the CPU engine)")
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
-    g.add_argument("--colocate", action="store_true", help="engines share the actor's GPUs")
+    g.add_argument(
+        "--colocate",
+        action="store_true",
+        help="engines on the actor's GPUs: the actor offloads to host memory while they generate, they release "
+        "theirs while it trains (SGLang's memory saver); weights go by tensor handles",
+    )
     g.add_argument(
         "--update-weight-transport",
         choices=["disk", "nccl", "tensor"],
@@ -114,11 +119,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.update_weight_buffer_size <= 0:
         raise SystemExit("--update-weight-buffer-size must be a positive number of bytes")
     if args.colocate:
-        raise SystemExit(
-            "--colocate (engines on the actor's GPUs, memory released between phases) is not supported; "
-            "give the engines GPUs of their own with --rollout-num-gpus"
-        )
+        check_colocation(args)
     return args
+
+
+def check_colocation(args: argparse.Namespace) -> None:
+    """--colocate: the engines this run starts take the actor's devices, one engine GPU per actor GPU."""
+    actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
+    if args.engine_url:
+        raise SystemExit("--colocate shares the actor's devices with engines this run starts; drop --engine-url")
+    if args.rollout_num_gpus and args.rollout_num_gpus != actor_gpus:
+        raise SystemExit(
+            f"--colocate puts the engines on the actor's {actor_gpus} GPUs; --rollout-num-gpus is "
+            f"{args.rollout_num_gpus} (leave it out)"
+        )
+    if args.update_weight_transport == "nccl":
+        raise SystemExit(
+            "--colocate: NCCL cannot connect two processes on one GPU; use --update-weight-transport tensor or disk"
+        )
 
 
 def steps_per_rollout(args: argparse.Namespace) -> int:

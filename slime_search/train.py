@@ -99,7 +99,7 @@ def save_run(run: Path, group, manager, steps_done: int) -> None:
     group.save(str(run / "checkpoints"), steps_done)
 
 
-def resume(args, run: Path, group, manager, sink) -> int:
+def resume(args, run: Path, group, manager, sink, colocation) -> int:
     """Continue after the last complete checkpoint of this run folder, if any; returns the next step."""
     import ray
 
@@ -108,12 +108,15 @@ def resume(args, run: Path, group, manager, sink) -> int:
     done = latest_iteration(run / "checkpoints")
     if done is None:
         if args.load and serves_policy(args):  # the engines started from the HF weights; give them --load's
+            colocation.for_weight_push()
             sync_weights(args, group, manager, run, 0)
         return 0
     state = json.loads((iteration_dir(run / "checkpoints", done) / "rollout_state.json").read_text())
+    colocation.for_training()
     group.load(str(run / "checkpoints"))
     ray.get(manager.load_state_dict.remote(state))
     if serves_policy(args):
+        colocation.for_weight_push()
         sync_weights(args, group, manager, run, done)
     sink.drop_from(done)  # steps after the checkpoint are redone
     drop_examples_from(run, done)
@@ -164,6 +167,32 @@ def stop(manager) -> None:
     ray.kill(manager)
 
 
+def start_rollout_manager(args, group):
+    """The RolloutManager actor, which starts the engines: on GPUs of their own (Ray gives them to the manager
+    and keeps them apart from the actor's), on the actor's GPUs with --colocate, or the CPU engine."""
+    import ray
+    import torch
+
+    from slime_search.ray.rollout_manager import RolloutManager
+
+    on_gpu = torch.cuda.is_available()
+    if args.colocate and on_gpu:
+        args.rollout_num_gpus = group.config.num_ranks  # one engine GPU per actor GPU
+    rollout_gpus = args.rollout_num_gpus if on_gpu and not args.colocate else 0
+    gpu_ids = group.gpu_ids() if on_gpu and args.colocate else None
+    options = {"num_cpus": 0, "num_gpus": rollout_gpus, "max_concurrency": 2}
+    return ray.remote(RolloutManager).options(**options).remote(args, gpu_ids)
+
+
+def load_actor(args, group, vocab_size: int) -> None:
+    from slime_search.arguments import actor_config, model_overrides
+
+    config, overrides = actor_config(args, vocab_size), model_overrides(args)
+    group.load_hf(args.hf_checkpoint, config, args.load, overrides)
+    if args.use_kl_loss:
+        group.load_reference(args.hf_checkpoint, config, args.ref_load or args.load, overrides)
+
+
 def main(argv: list[str] | None = None) -> int:
     from slime_search.arguments import parse_args
 
@@ -173,9 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoConfig
 
-    from slime_search.arguments import actor_config, check_model_flags, model_overrides
+    from slime_search.arguments import check_model_flags
+    from slime_search.colocation import Colocation
     from slime_search.metrics import MetricsSink, PhaseClock
-    from slime_search.ray.rollout_manager import RolloutManager
     from slime_search.ray.train_group import RayTrainGroup, TrainGroupConfig
     from slime_search.weight_sync import connect_engines
 
@@ -189,18 +218,20 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     ranks = args.actor_num_nodes * args.actor_num_gpus_per_node
     group = RayTrainGroup(TrainGroupConfig(ranks, args.tensor_model_parallel_size, use_gpu=torch.cuda.is_available()))
-    # the engines' GPUs are the manager's: Ray keeps them apart from the actor's and sets CUDA_VISIBLE_DEVICES
-    rollout_gpus = args.rollout_num_gpus if torch.cuda.is_available() else 0
-    manager = ray.remote(RolloutManager).options(num_cpus=0, num_gpus=rollout_gpus, max_concurrency=2).remote(args)
+    manager = None
     try:
-        config, overrides = actor_config(args, hf_config.vocab_size), model_overrides(args)
-        group.load_hf(args.hf_checkpoint, config, args.load, overrides)
-        if args.use_kl_loss:
-            group.load_reference(args.hf_checkpoint, config, args.ref_load or args.load, overrides)
+        if not args.colocate:  # the engines start while the actor loads
+            manager = start_rollout_manager(args, group)
+        load_actor(args, group, hf_config.vocab_size)
+        colocation = Colocation(args.colocate, group, manager)
+        if args.colocate:  # the engines start on the actor's GPUs once the actor has made room
+            colocation.for_generation()
+            manager = colocation.manager = start_rollout_manager(args, group)
         if serves_policy(args):
             connect_engines(args, group, manager)
-        start = resume(args, run, group, manager, sink)
+        start = resume(args, run, group, manager, sink, colocation)
         for step in range(start, args.num_rollout):
+            colocation.for_generation()
             if eval_due(args, step):
                 evaluate(args, manager, sink, run, step)
             clock = PhaseClock()
@@ -209,20 +240,25 @@ def main(argv: list[str] | None = None) -> int:
             )
             record_examples(run, step, "train", shown)
             clock.mark("rollout")
+            colocation.for_training()
             metrics.update(train_on(args, group, samples))
             clock.mark("train")
             if serves_policy(args):
+                colocation.for_weight_push()
                 metrics["weight_version"] = int(sync_weights(args, group, manager, run, step + 1))
                 clock.mark("sync")
-            sink.log(step, {**metrics, **clock.times()})
+            sink.log(step, {**metrics, **colocation.metrics(), **clock.times()})
             if (args.save_interval and (step + 1) % args.save_interval == 0) or step + 1 == args.num_rollout:
+                colocation.for_weight_push()  # the actor's state must be on its device
                 save_run(run, group, manager, step + 1)
         if eval_due(args, args.num_rollout) and start <= args.num_rollout:
+            colocation.for_generation()
             evaluate(args, manager, sink, run, args.num_rollout)
         write_report(run)
     finally:
         disconnect_engines(group)
-        stop(manager)
+        if manager is not None:
+            stop(manager)
         group.shutdown()
         sink.close()
     return 0

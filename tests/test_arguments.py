@@ -47,9 +47,16 @@ def test_weight_transport_defaults_to_the_fastest_one_the_placement_allows():
         parse("--update-weight-buffer-size", "0")
 
 
-def test_colocate_is_refused_with_the_alternative():
-    with pytest.raises(SystemExit, match="--rollout-num-gpus"):
-        parse("--colocate", "--rollout-num-gpus", "4")
+def test_colocate_takes_the_actors_gpus_and_a_transport_that_works_on_one_gpu():
+    args = parse("--colocate", "--actor-num-gpus-per-node", "4")
+    assert args.update_weight_transport == "tensor"
+    assert parse("--colocate", "--update-weight-transport", "disk").update_weight_transport == "disk"
+    with pytest.raises(SystemExit, match="NCCL cannot connect two processes on one GPU"):
+        parse("--colocate", "--update-weight-transport", "nccl")
+    with pytest.raises(SystemExit, match="actor's 4 GPUs"):
+        parse("--colocate", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "2")
+    with pytest.raises(SystemExit, match="drop --engine-url"):
+        parse("--colocate", "--engine-url", "http://127.0.0.1:1")
 
 
 def test_the_3b_run_script_passes_only_flags_the_driver_accepts():

@@ -128,6 +128,7 @@ def test_grpo_with_weight_sync_that_skips_the_disk(tiny_checkpoint, tmp_path, tr
             "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
             "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
             "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.001",
+            "--entropy-coef", "0.01",  # the policy moves even when every group's rewards tie
             "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
             "--update-weight-transport", transport, "--update-weight-buffer-size", str(1 << 20),
         ]  # fmt: skip
@@ -143,3 +144,34 @@ def test_grpo_with_weight_sync_that_skips_the_disk(tiny_checkpoint, tmp_path, tr
     kls = [r["train/kl_loss"] for r in train]
     assert max(diffs) < 1e-3, diffs
     assert kls[2] > 100 * max(diffs), (kls, diffs)
+
+
+def test_colocated_run_hands_memory_over_between_phases(tiny_checkpoint, tmp_path):
+    """--colocate on CPU: the actor offloads before every rollout, the engine releases its weights before every
+    step and gets them back only through a full push (it refuses to generate on half-updated weights)."""
+    retriever_args = prepare_task(tmp_path)
+    run = tmp_path / "run"
+    with RetrievalServerProcess(*retriever_args) as retriever:
+        command = [
+            sys.executable, "-m", "slime_search.train",
+            "--hf-checkpoint", str(tiny_checkpoint), "--save", str(run),
+            "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template",
+            "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+            "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
+            "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.001",
+            "--entropy-coef", "0.01",  # the policy moves even when every group's rewards tie
+            "--colocate", "--save-interval", "2",
+            "--eval-prompt-data", "nq", str(tmp_path / "eval.parquet"), "--eval-interval", "2",
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/loss" in r]
+    assert [r["weight_version"] for r in train] == [1, 2, 3]
+    assert [r["rollout/weight_version"] for r in train] == [0, 1, 2]
+    assert all(r["memory/actor_offloaded_gib"] > 0 for r in train)
+    assert not (run / "weights").exists()  # tensor handles by default
+    diffs, kls = [r["train/train_rollout_logprob_abs_diff"] for r in train], [r["train/kl_loss"] for r in train]
+    assert max(diffs) < 1e-3 and kls[2] > 100 * max(diffs), (diffs, kls)
+    assert [r["step"] for r in records if "eval/em" in r] == [0, 2, 3]
+    assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "3"

@@ -31,8 +31,9 @@ class Engines:
             process.stop()
 
 
-def start_engines(args, log_dir: Path) -> Engines:
-    """SGLang engines + router with --rollout-num-gpus (on the GPUs Ray gave this actor); else one CPU engine."""
+def start_engines(args, log_dir: Path, gpu_ids: list[str] | None = None) -> Engines:
+    """SGLang engines + router with --rollout-num-gpus, on the GPUs Ray gave this actor or, colocated, on the
+    actor's GPUs (`gpu_ids`, in actor rank order) with SGLang's memory saver; else one CPU engine."""
     from slime_search.utils.server_process import ServerProcess
 
     if args.engine_url:
@@ -47,8 +48,10 @@ def start_engines(args, log_dir: Path) -> Engines:
             args.rollout_num_gpus_per_engine,
             first_port=free_port(),
             mem_fraction_static=args.sglang_mem_fraction_static,
+            extra_args=("--enable-memory-saver",) if args.colocate else (),
         )
-        deployment = sglang_launch.launch(specs, "127.0.0.1", args.sglang_router_port or free_port())
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids))} if gpu_ids else None
+        deployment = sglang_launch.launch(specs, "127.0.0.1", args.sglang_router_port or free_port(), env=env)
         return Engines(deployment.router_url, [s.url for s in specs], [deployment])
     command = ["-m", "slime_search.rollout.cpu_engine_server", "--model-path", args.hf_checkpoint, "--port", "0"]
     command += ["--max-batch-size", str(args.engine_max_batch_size), "--seed", str(args.seed)]
@@ -96,12 +99,12 @@ def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
 
 
 class RolloutManager:
-    def __init__(self, args):
+    def __init__(self, args, gpu_ids: list[str] | None = None):
         from slime_search.plugins import load_function
         from slime_search.rollout.data_source import DataConfig, DataSource
 
         self.args = args
-        self.engines = start_engines(args, Path(args.save))
+        self.engines = start_engines(args, Path(args.save), gpu_ids)
         args.engine_url = self.engines.url
         self.generate_fn = load_function(args.custom_generate_function_path)
         self.reward_fn = load_function(args.custom_rm_path)
@@ -153,6 +156,13 @@ class RolloutManager:
 
         return asyncio.run(update_engines_from_disk(self.engines.worker_urls, model_path, weight_version))
 
+    def release_memory(self, tags: list[str] | None = None) -> None:
+        """Every engine gives back the memory of `tags` to a colocated trainer (all of it by default)."""
+        asyncio.run(on_every_engine(self.engines.worker_urls, "release_memory", tags))
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        asyncio.run(on_every_engine(self.engines.worker_urls, "resume_memory", tags))
+
     def worker_urls(self) -> list[str]:
         """Every engine's own address (not the router's), for weight updates."""
         return list(self.engines.worker_urls)
@@ -165,6 +175,21 @@ class RolloutManager:
 
     def shutdown(self) -> None:
         self.engines.stop()
+
+
+async def on_every_engine(urls: list[str], method: str, *args) -> None:
+    """One EngineClient call on every engine, concurrently. (Module level: an async method would turn the
+    RolloutManager into an async Ray actor, whose synchronous methods could not run their own event loops.)"""
+    from slime_search.rollout.engine_client import EngineClient, EngineClientConfig
+
+    async def one(url: str) -> None:
+        client = EngineClient(EngineClientConfig(url))
+        try:
+            await getattr(client, method)(*args)
+        finally:
+            await client.close()
+
+    await asyncio.gather(*(one(url) for url in urls))
 
 
 def run_rollout(args, source, config, generate, reward, params: dict, on_sample=None):

@@ -130,6 +130,18 @@ class TrainRank:
         self.broadcaster = WeightBroadcaster(config)
         self.broadcaster.connect(engine_urls, ranks_per_engine, ray.util.get_node_ip_address(), free_port())
 
+    def offload(self) -> int:
+        """Give the device memory of the actor (and the KL reference) to colocated engines; returns bytes."""
+        return sum(model.offload() for model in (self.actor, self.reference) if model is not None)
+
+    def onload(self) -> int:
+        return sum(model.onload() for model in (self.actor, self.reference) if model is not None)
+
+    def gpu_ids(self) -> list[str]:
+        import ray
+
+        return [str(i) for i in ray.get_gpu_ids()]
+
     def _gathered_hf_state(self, convert: bool) -> dict | None:
         """Collective over the tensor-parallel group: the full weights under HF names (None where not `convert`)."""
         from megatron_bridge import megatron_to_hf
@@ -281,6 +293,23 @@ class RayTrainGroup:
         import ray
 
         ray.get([rank.disconnect_engines.remote() for rank in self.ranks])
+
+    def offload(self) -> int:
+        """Every rank gives its device memory to colocated engines; returns the bytes released on rank 0."""
+        import ray
+
+        return ray.get([rank.offload.remote() for rank in self.ranks])[0]
+
+    def onload(self) -> int:
+        import ray
+
+        return ray.get([rank.onload.remote() for rank in self.ranks])[0]
+
+    def gpu_ids(self) -> list[str]:
+        """The GPUs of the ranks in rank order (physical ids, as CUDA_VISIBLE_DEVICES takes them)."""
+        import ray
+
+        return [i for ids in ray.get([rank.gpu_ids.remote() for rank in self.ranks]) for i in ids]
 
     def prepare_weight_handles(self, bucket_bytes: int, serving_ranks: int) -> int:
         """Tensor-handle sync (`slime_search.weight_ipc`): gather on every rank; returns the number of buckets."""

@@ -36,6 +36,13 @@ class GenerationResult:
     weight_version: str = ""
 
 
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's; the CPU engine holds memory only for weights
+
+
+class EngineNotReady(RuntimeError):
+    """The engine cannot generate now: its weights are released, or resumed but not yet all updated."""
+
+
 class CpuEngine:
     def __init__(self, model_path: str | Path, seed: int = 0, weight_version: str = "0"):
         from transformers import AutoTokenizer
@@ -50,6 +57,8 @@ class CpuEngine:
         self._aborted: set[str] = set()
         self._abort_all = False
         self._lock = threading.Lock()
+        self.released: set[str] = set()  # memory tags given back (SGLang's release_memory_occupation)
+        self.stale: set[str] = set()  # weights resumed but not updated since (their values are undefined)
 
     @staticmethod
     def _load_model(path: str):
@@ -78,14 +87,53 @@ class CpuEngine:
         with self._lock:
             return self._abort_all or rid in self._aborted
 
+    # ---- memory hand-over with a colocated trainer (call between generations only) ---------------------------
+    @staticmethod
+    def _check_tags(tags: list[str] | None) -> set[str]:
+        tags = set(MEMORY_TAGS if tags is None else tags)
+        unknown = sorted(tags - set(MEMORY_TAGS))
+        if unknown:
+            raise ValueError(f"unknown memory tags {unknown} (known: {', '.join(MEMORY_TAGS)})")
+        return tags
+
+    def release_memory(self, tags: list[str] | None = None) -> None:
+        """Give back the memory of `tags` (all by default). Released weights are dropped, not kept anywhere."""
+        tags = self._check_tags(tags)
+        if "weights" in tags and "weights" not in self.released:
+            self._shapes = {name: param.shape for name, param in self.model.named_parameters()}
+            for param in self.model.parameters():
+                param.data = torch.empty(0, dtype=param.dtype)
+        self.released |= tags
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        """Take the memory back. Resumed weights hold zeros until every one of them has been updated."""
+        tags = self._check_tags(tags)
+        if "weights" in tags and "weights" in self.released:
+            for name, param in self.model.named_parameters():
+                param.data = torch.zeros(self._shapes[name], dtype=param.dtype)
+            self.stale = set(self._shapes)
+        self.released -= tags
+
+    def _check_ready(self) -> None:
+        if "weights" in self.released:
+            raise EngineNotReady("weights are released: POST /resume_memory_occupation, then update the weights")
+        if self.stale:
+            raise EngineNotReady(
+                f"weights were resumed but {len(self.stale)} tensors have not been updated since "
+                f"(e.g. {sorted(self.stale)[0]})"
+            )
+
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> str:
         """Load new weights (HF safetensors dir) of the same architecture; call between generations only."""
+        if "weights" in self.released:
+            raise ValueError("weights are released: POST /resume_memory_occupation first")
         new = self._load_model(model_path)
         if new.config.to_dict() | {"_name_or_path": ""} != self.model.config.to_dict() | {"_name_or_path": ""}:
             differing = sorted(k for k, v in new.config.to_dict().items() if self.model.config.to_dict().get(k) != v)
             raise ValueError(f"checkpoint at {model_path} has a different model config ({', '.join(differing[:5])})")
         self.model = new
         self.model_path = model_path
+        self.stale = set()
         self.weight_version = weight_version if weight_version is not None else str(int(self.weight_version) + 1)
         return self.weight_version
 
@@ -93,6 +141,8 @@ class CpuEngine:
     def load_named_tensors(self, tensors: dict[str, torch.Tensor], weight_version: str | None = None) -> str:
         """Copy HF-named tensors into the model (some or all of them); every name and shape is checked before
         anything is copied. The version changes only when `weight_version` is given (the last bucket)."""
+        if "weights" in self.released:
+            raise ValueError("weights are released: POST /resume_memory_occupation first")
         state = self.model.state_dict()
         unknown = sorted(name for name in tensors if name not in state)
         if unknown:
@@ -106,6 +156,7 @@ class CpuEngine:
             raise ValueError(f"shape mismatch: {'; '.join(wrong[:5])}")
         for name, tensor in tensors.items():
             state[name].copy_(tensor)
+        self.stale -= set(tensors)
         if weight_version is not None:
             self.weight_version = weight_version
         return self.weight_version
@@ -117,6 +168,7 @@ class CpuEngine:
 
         if not requests:
             return []
+        self._check_ready()
         with self._lock:  # an abort-all applies to what was queued before it, not to later requests
             self._abort_all = False
         batch = len(requests)

@@ -5,7 +5,8 @@
 Endpoints: POST /generate, GET /health, GET /health_generate, GET /get_model_info,
 POST /update_weights_from_disk, GET /get_weight_version, POST /flush_cache, POST /abort_request, and the
 broadcast weight sync (POST /init_weights_update_group, /update_weights_from_distributed,
-/destroy_weights_update_group) over gloo, and POST /update_weights_from_tensor with shared-memory handles. Concurrent /generate requests are
+/destroy_weights_update_group) over gloo, POST /update_weights_from_tensor with shared-memory handles, and
+POST /release_memory_occupation and /resume_memory_occupation for a colocated trainer. Concurrent /generate requests are
 collected for a few milliseconds and run as one batch (shared prefill and decode passes over a KV cache).
 Weight updates run on the same worker, between batches, so no generation ever mixes two weight versions.
 """
@@ -112,6 +113,8 @@ def create_app(engine, config: EngineServerConfig):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
+    from slime_search.rollout.cpu_engine import EngineNotReady
+
     batcher = GenerationBatcher(engine, config)
     vocab_size = int(engine.model.config.vocab_size)
     max_positions = int(getattr(engine.model.config, "max_position_embeddings", 1 << 30))
@@ -129,6 +132,22 @@ def create_app(engine, config: EngineServerConfig):
             return json.loads(await request.body() or b"{}")
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise BadRequest(f"body is not valid JSON: {err}") from err
+
+    @app.exception_handler(EngineNotReady)
+    async def not_ready(request: Request, err: EngineNotReady):
+        return JSONResponse({"error": {"message": str(err)}}, status_code=503)
+
+    @app.post("/release_memory_occupation")
+    async def release_memory(request: Request):
+        tags = memory_tags(await read_json(request))
+        await batcher.run_in_worker(engine.release_memory, tags)
+        return {"success": True, "message": f"released {tags or 'all'}"}
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory(request: Request):
+        tags = memory_tags(await read_json(request))
+        await batcher.run_in_worker(engine.resume_memory, tags)
+        return {"success": True, "message": f"resumed {tags or 'all'}"}
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, err: BadRequest):
@@ -222,6 +241,19 @@ def create_app(engine, config: EngineServerConfig):
         return {"success": True}
 
     return app
+
+
+def memory_tags(body: dict) -> list[str] | None:
+    from slime_search.rollout.cpu_engine import CpuEngine
+
+    tags = body.get("tags")
+    if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
+        raise BadRequest("'tags' must be a list of strings or null")
+    try:
+        CpuEngine._check_tags(tags)
+    except ValueError as err:
+        raise BadRequest(str(err)) from err
+    return tags
 
 
 def require(body: dict, key: str, kind: type):

@@ -85,6 +85,13 @@ class EngineClient:
         """The weight version the engine serves (SGLang's GET /get_weight_version)."""
         return str((await self._request("GET", "/get_weight_version"))["weight_version"])
 
+    async def release_memory(self, tags: list[str] | None = None) -> dict:
+        """SGLang's memory hand-over to a colocated trainer; tags: weights, kv_cache, cuda_graph (None: all)."""
+        return await self._request("POST", "/release_memory_occupation", {"tags": tags})
+
+    async def resume_memory(self, tags: list[str] | None = None) -> dict:
+        return await self._request("POST", "/resume_memory_occupation", {"tags": tags})
+
     async def post(self, path: str, payload: dict[str, Any]) -> dict:
         """Any other POST of SGLang's API (the weight-update group calls, for example)."""
         return await self._request("POST", path, payload)

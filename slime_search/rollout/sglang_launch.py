@@ -60,6 +60,7 @@ def engine_specs(
     mem_fraction_static: float = 0.8,
     host: str = "127.0.0.1",
     first_gpu: int = 0,
+    extra_args: tuple[str, ...] = (),
 ) -> list[SGLangEngineSpec]:
     """`--rollout-num-gpus` split into engines of `--rollout-num-gpus-per-engine` GPUs each."""
     if gpus_per_engine <= 0 or num_gpus % gpus_per_engine:
@@ -74,6 +75,7 @@ def engine_specs(
             base_gpu_id=first_gpu + i * gpus_per_engine,
             mem_fraction_static=mem_fraction_static,
             host=host,
+            extra_args=tuple(extra_args),
         )
         for i in range(num_gpus // gpus_per_engine)
     ]
@@ -109,9 +111,14 @@ class SGLangDeployment:
 
 
 def launch(
-    specs: list[SGLangEngineSpec], router_host: str, router_port: int, timeout_s: float = 900.0
+    specs: list[SGLangEngineSpec],
+    router_host: str,
+    router_port: int,
+    timeout_s: float = 900.0,
+    env: dict[str, str] | None = None,
 ) -> SGLangDeployment:
-    """Start every engine, wait for /health_generate, start the router and register the engines with it."""
+    """Start every engine (with `env` added to its environment), wait for /health_generate, start the router and
+    register the engines with it."""
     if "sglang" not in sys.modules:
         import importlib.util
 
@@ -121,7 +128,7 @@ def launch(
     try:
         for spec in specs:
             engines.append(
-                ServerProcess(spec.command(), health_path="/health_generate", timeout=timeout_s, url=spec.url)
+                ServerProcess(spec.command(), health_path="/health_generate", timeout=timeout_s, url=spec.url, env=env)
             )
         router_url = f"http://{router_host}:{router_port}"
         router = ServerProcess(

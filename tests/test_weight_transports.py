@@ -1,4 +1,5 @@
-"""Broadcast weight sync (SGLang's /init_weights_update_group protocol) from this process to CPU engine servers."""
+"""Weight sync without the disk, against the CPU engine server: broadcast (SGLang's weight-update group) over
+gloo, tensor handles over shared memory, and the memory hand-over of a colocated trainer."""
 
 import httpx
 import pytest
@@ -215,3 +216,38 @@ def test_tensor_payloads_are_checked_and_nothing_is_loaded(checked_engine, entri
     answer = post_tensor_payload(checked_engine.url, entries, "5")
     assert answer.status_code == 400 and message in answer.text
     assert httpx.get(f"{checked_engine.url}/get_weight_version", timeout=30).json() == {"weight_version": "0"}
+
+
+# ---- memory hand-over (SGLang's /release_memory_occupation and /resume_memory_occupation) ----------------------
+
+
+def test_released_weights_must_be_resumed_and_fully_updated_before_generating(tiny_checkpoint, tmp_path):
+    from slime_search.weight_ipc import serialize_named_tensors
+
+    model, state = perturbed_state(tiny_checkpoint)
+    names = sorted(state)
+    with ServerProcess(engine_argv(tiny_checkpoint)) as engine:
+
+        def post(path, body):
+            return httpx.post(f"{engine.url}{path}", json=body, timeout=60)
+
+        assert post("/release_memory_occupation", {"tags": ["kv_cache"]}).json()["success"]
+        assert generate(engine.url)["meta_info"]["weight_version"] == "0"  # weights kept: still serving
+        assert post("/release_memory_occupation", {}).json()["success"]
+        refused = httpx.post(f"{engine.url}/generate", json={"input_ids": PROMPT}, timeout=60)
+        assert refused.status_code == 503 and "weights are released" in refused.text
+        refused = post("/update_weights_from_disk", {"model_path": str(tiny_checkpoint)})
+        assert refused.status_code == 400 and "resume_memory_occupation first" in refused.text
+        assert post("/release_memory_occupation", {"tags": ["activations"]}).status_code == 400
+
+        assert post("/resume_memory_occupation", {"tags": ["weights"]}).json()["success"]
+        half = [(n, state[n]) for n in names[: len(names) // 2]]
+        assert post_tensor_payload(engine.url, [serialize_named_tensors(half)]).status_code == 200
+        refused = httpx.post(f"{engine.url}/generate", json={"input_ids": PROMPT}, timeout=60)
+        assert refused.status_code == 503 and "have not been updated" in refused.text  # half the weights are zeros
+        rest = [(n, state[n]) for n in names[len(names) // 2 :]]
+        assert post_tensor_payload(engine.url, [serialize_named_tensors(rest)], "1").json()["weight_version"] == "1"
+        assert post("/resume_memory_occupation", {"tags": ["kv_cache"]}).json()["success"]
+        out = generate(engine.url)
+        engine_lps = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        assert engine_lps == pytest.approx(log_probs_under(model, PROMPT, out["output_ids"]), abs=1e-4)
