@@ -30,7 +30,7 @@ CORE = [
 ]
 
 # Never imported at module import time: only on GPU code paths.
-GPU = ["sglang[all]>=0.4.9", "transformer-engine[pytorch]>=2.2", "faiss-gpu-cu12>=1.8"]
+GPU = ["sglang[all]>=0.4.9", "torch-memory-saver>=0.0.8", "transformer-engine[pytorch]>=2.2", "faiss-gpu-cu12>=1.8"]
 
 DEV = [
     "pytest>=8",

@@ -74,3 +74,18 @@ def test_the_3b_run_script_passes_only_flags_the_driver_accepts():
     assert (args.tensor_model_parallel_size, args.sequence_parallel, args.use_tis) == (2, True, True)
     assert (args.kl_loss_type, args.kl_loss_coef, args.eps_clip, args.eps_clip_high) == ("low_var_kl", 0.001, 0.2, 0.28)
     assert args.num_layers == 36 and steps_per_rollout(args) == 1
+    assert (args.rollout_num_gpus, args.colocate, args.update_weight_transport) == (4, False, "nccl")
+
+
+def test_the_3b_run_script_colocated():
+    import os
+    import subprocess
+
+    from tests.conftest import REPO_ROOT
+
+    script = REPO_ROOT / "examples" / "search-r1" / "run_qwen2.5_3B.sh"
+    env = {**os.environ, "DRY_RUN": "1", "COLOCATE": "1", "ACTOR_GPUS": "8"}
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True).stdout
+    args = parse_args(out.splitlines()[2:])
+    assert (args.colocate, args.rollout_num_gpus, args.update_weight_transport) == (True, 0, "tensor")
+    assert (args.actor_num_gpus_per_node, args.sglang_mem_fraction_static) == (8, 0.5)

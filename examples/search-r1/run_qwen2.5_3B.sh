@@ -4,6 +4,8 @@
 #    bash examples/search-r1/run_qwen2.5_3B.sh
 # The script starts the retriever (unless SEARCH_URL is set) and a Ray head, and stops both when it ends.
 # Run it again with the same RUN_DIR to continue from the last checkpoint. USE_TIS=1 turns on TIS.
+# COLOCATE=1 puts the SGLang engines on the actor's GPUs instead (memory handed over between phases, weights by
+# CUDA IPC); then ROLLOUT_GPUS is unused and ACTOR_GPUS=8 uses the whole node.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 
@@ -21,6 +23,7 @@ ROLLOUT_GPUS=${ROLLOUT_GPUS:-4}
 RETRIEVER_PORT=${RETRIEVER_PORT:-8000}
 RAY_PORT=${RAY_PORT:-6380}
 USE_TIS=${USE_TIS:-0}
+COLOCATE=${COLOCATE:-0}
 
 CKPT_ARGS=(
    --hf-checkpoint "${MODEL_DIR}"
@@ -81,10 +84,16 @@ OPTIMIZER_ARGS=(
 )
 
 SGLANG_ARGS=(
-   --rollout-num-gpus "${ROLLOUT_GPUS}"
    --rollout-num-gpus-per-engine 2
-   --sglang-mem-fraction-static 0.7
+   --update-weight-buffer-size 536870912
 )
+if [[ "${COLOCATE}" == "1" ]]; then
+   # the engines' share of each GPU while they generate; the actor is offloaded to host memory meanwhile
+   SGLANG_ARGS+=(--colocate --sglang-mem-fraction-static 0.5)
+   ROLLOUT_GPUS=0
+else
+   SGLANG_ARGS+=(--rollout-num-gpus "${ROLLOUT_GPUS}" --sglang-mem-fraction-static 0.7)
+fi
 
 CUSTOM_ARGS=(
    --custom-generate-function-path slime_search.search_r1.generate.generate
