@@ -17,6 +17,7 @@ process group that is not torch's default one), so the trainer can join it next 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -150,7 +151,7 @@ class WeightBroadcaster:
                 )
                 for url, offset in zip(engine_urls, offsets, strict=True)
             ]
-            group = await asyncio.to_thread(
+            hosting = host_in_thread(
                 join_weight_update_group,
                 self.config.backend,
                 master_address,
@@ -160,9 +161,15 @@ class WeightBroadcaster:
                 self.config.group_name,
                 self.config.timeout_s,
             )
-            for url, answer in zip(engine_urls, await asyncio.gather(*joins), strict=True):
+            answers = asyncio.gather(*joins)
+            # whichever side fails first (an engine refusing to join, or our own rendezvous) fails the connect at
+            # once, instead of after the other side's rendezvous timeout
+            await asyncio.wait([hosting, answers], return_when=asyncio.FIRST_EXCEPTION)
+            if hosting.done() and hosting.exception() is not None:
+                raise hosting.exception()
+            for url, answer in zip(engine_urls, await answers, strict=True):
                 _check(url, "init_weights_update_group", answer)
-            return group
+            return await hosting
 
         self.group = asyncio.run(connect_all())
         self.engine_urls = list(engine_urls)
@@ -217,6 +224,30 @@ class WeightBroadcaster:
                 logger.warning("engine %s did not leave the weight-update group: %s", url, answer)
         dist.destroy_process_group(self.group)
         self.group = None
+
+
+def host_in_thread(function, *args) -> asyncio.Future:
+    """Run a blocking call on a daemon thread: unlike asyncio.to_thread, a call still blocked when the event loop
+    ends (a rendezvous nobody else joins) does not hold up the loop's shutdown; it ends at its own timeout."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result=None, error=None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def run() -> None:
+        try:
+            outcome = {"result": function(*args)}
+        except Exception as err:  # noqa: BLE001 - handed to the waiting coroutine
+            outcome = {"error": err}
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the caller gave up on this call already
+            loop.call_soon_threadsafe(lambda: settle(**outcome))
+
+    threading.Thread(target=run, name="weight-update-group", daemon=True).start()
+    return future
 
 
 async def _post(url: str, path: str, payload: dict) -> dict:

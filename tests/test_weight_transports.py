@@ -145,6 +145,16 @@ def test_weight_update_group_requests_are_checked(checked_engine):
     assert generate(engine.url)["meta_info"]["weight_version"] == "0"  # still serving
 
 
+def test_an_engine_refusing_to_join_fails_the_connect_at_once(checked_engine):
+    """Without the fast failure the trainer would wait out its 600 s rendezvous (past this module's timeout)."""
+    from slime_search.rollout.engine_client import EngineError
+
+    broadcaster = WeightBroadcaster(BroadcastConfig("nccl", timeout_s=600))
+    with pytest.raises(EngineError, match="over gloo"):
+        broadcaster.connect([checked_engine.url], [1], "127.0.0.1", free_port())
+    assert broadcaster.group is None
+
+
 def test_push_before_connect_is_an_error():
     with pytest.raises(RuntimeError, match="connect"):
         WeightBroadcaster(BroadcastConfig("gloo")).push({"w": torch.ones(2)}, "1")
