@@ -18,8 +18,11 @@ import time
 from pathlib import Path
 
 
-def model_state(args, folder: Path):
-    from slime_search.models.tiny_qwen import TinyQwen2Config, build_qwen2_tokenizer, build_tiny_qwen2
+def model_state(args, folder: Path) -> dict:
+    """A random model of the requested shape saved as the engine's checkpoint; its HF state as a trainer holds it."""
+    from safetensors.torch import load_file
+
+    from slime_search.models.tiny_qwen import TinyQwen2Config, save_tiny_checkpoint
 
     config = TinyQwen2Config(
         hidden_size=args.hidden_size,
@@ -28,11 +31,8 @@ def model_state(args, folder: Path):
         num_kv_heads=args.num_kv_heads,
         intermediate_size=args.intermediate_size,
     )
-    model = build_tiny_qwen2(config)
-    model.save_pretrained(folder, safe_serialization=True)
-    build_qwen2_tokenizer().save_pretrained(folder)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    return state
+    save_tiny_checkpoint(folder, config)
+    return {k: v for k, v in load_file(str(folder / "model.safetensors")).items() if k != "lm_head.weight"}
 
 
 def push_by_disk(url: str, state: dict, original: Path, out: Path, version: str) -> None:

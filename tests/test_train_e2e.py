@@ -114,9 +114,9 @@ def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_
     assert all(e["segments"] and e["prompt"] for e in examples)
 
 
-def test_grpo_with_broadcast_weight_sync(tiny_checkpoint, tmp_path):
-    """Tensor-parallel shards gathered on rank 0 and broadcast over gloo to the CPU engine after every step (the
-    tensor-handle transport runs end to end in the colocated test below)."""
+def run_three_disk_free_steps(tiny_checkpoint, tmp_path, *flags: str) -> list[dict]:
+    """Three GRPO steps of the tiny policy at TP 2 with 1 MiB weight-sync buckets; checks what every disk-free
+    transport must give, and returns the metrics records."""
     retriever_args = prepare_task(tmp_path)
     run = tmp_path / "run"
     with RetrievalServerProcess(*retriever_args) as retriever:
@@ -129,50 +129,34 @@ def test_grpo_with_broadcast_weight_sync(tiny_checkpoint, tmp_path):
             "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.001",
             "--entropy-coef", "0.01",  # the policy moves even when every group's rewards tie
             "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
-            "--update-weight-transport", "nccl", "--update-weight-buffer-size", str(1 << 20),
+            "--update-weight-buffer-size", str(1 << 20), *flags,
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/loss" in r]
     assert [r["weight_version"] for r in train] == [1, 2, 3]  # what the engine reported after each push
     assert [r["rollout/weight_version"] for r in train] == [0, 1, 2]
     assert not (run / "weights").exists()  # nothing went through the disk
     # the engine sampled step k's rollout from the actor's weights after step k-1: Megatron's log-probs of those
     # tokens equal the engine's, although the policy moved away from its start (KL to the reference grows)
-    diffs = [r["train/train_rollout_logprob_abs_diff"] for r in train]
-    kls = [r["train/kl_loss"] for r in train]
-    assert max(diffs) < 1e-3, diffs
-    assert kls[2] > 100 * max(diffs), (kls, diffs)
+    diffs, kls = [r["train/train_rollout_logprob_abs_diff"] for r in train], [r["train/kl_loss"] for r in train]
+    assert max(diffs) < 1e-3 and kls[2] > 100 * max(diffs), (diffs, kls)
+    return records
+
+
+def test_grpo_with_broadcast_weight_sync(tiny_checkpoint, tmp_path):
+    """Tensor-parallel shards gathered on rank 0 and broadcast over gloo to the CPU engine after every step (the
+    tensor-handle transport runs end to end in the colocated test below)."""
+    run_three_disk_free_steps(tiny_checkpoint, tmp_path, "--update-weight-transport", "nccl")
 
 
 def test_colocated_run_hands_memory_over_between_phases(tiny_checkpoint, tmp_path):
     """--colocate on CPU: the actor (TP 2) offloads before every rollout, the engine releases its weights before
     every step and gets them back only through a full push of shared-memory handles, bucket by bucket (it refuses
     to generate on half-updated weights)."""
-    retriever_args = prepare_task(tmp_path)
-    run = tmp_path / "run"
-    with RetrievalServerProcess(*retriever_args) as retriever:
-        command = [
-            sys.executable, "-m", "slime_search.train",
-            "--hf-checkpoint", str(tiny_checkpoint), "--save", str(run),
-            "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template",
-            "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
-            "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.001",
-            "--entropy-coef", "0.01",  # the policy moves even when every group's rewards tie
-            "--colocate", "--save-interval", "2", "--update-weight-buffer-size", str(1 << 20),
-            "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
-            "--eval-prompt-data", "nq", str(tmp_path / "eval.parquet"), "--eval-interval", "2",
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=800)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if "train/loss" in r]
-    assert [r["weight_version"] for r in train] == [1, 2, 3]
-    assert [r["rollout/weight_version"] for r in train] == [0, 1, 2]
-    assert all(r["memory/actor_offloaded_gib"] > 0 for r in train)
-    assert not (run / "weights").exists()  # tensor handles by default
-    diffs, kls = [r["train/train_rollout_logprob_abs_diff"] for r in train], [r["train/kl_loss"] for r in train]
-    assert max(diffs) < 1e-3 and kls[2] > 100 * max(diffs), (diffs, kls)
+    eval_flags = ["--eval-prompt-data", "nq", str(tmp_path / "eval.parquet"), "--eval-interval", "2"]
+    records = run_three_disk_free_steps(tiny_checkpoint, tmp_path, "--colocate", "--save-interval", "2", *eval_flags)
+    assert all(r["memory/actor_offloaded_gib"] > 0 for r in records if "train/loss" in r)
     assert [r["step"] for r in records if "eval/em" in r] == [0, 2, 3]
-    assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "3"
+    assert (tmp_path / "run" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "3"
