@@ -5,9 +5,10 @@
 
 Megatron ranks run as Ray actors placed by a placement group (CPU bundles on a CPU machine); the RolloutManager
 Ray actor owns the engines (the CPU engine server, or SGLang engines behind the router on GPU), the prompt data and
-the generate / reward plugins. Weights reach the engines by broadcast from actor rank 0 (NCCL; gloo on CPU) or
-through an HF checkpoint on disk (--update-weight-transport). Running the same command
-again continues from the run folder's last complete checkpoint.
+the generate / reward plugins. Weights reach the engines by broadcast from actor rank 0 (NCCL; gloo on CPU), by
+tensor handles (CUDA IPC; shared memory on CPU) or through an HF checkpoint on disk (--update-weight-transport).
+With --colocate the engines share the actor's devices and the two hand memory over between phases
+(slime_search.colocation). Running the same command again continues from the run folder's last complete checkpoint.
 """
 
 from __future__ import annotations
