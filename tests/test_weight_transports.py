@@ -255,6 +255,9 @@ def test_released_weights_must_be_resumed_and_fully_updated_before_generating(ti
         assert post_tensor_payload(engine.url, [serialize_named_tensors(half)]).status_code == 200
         refused = httpx.post(f"{engine.url}/generate", json={"input_ids": PROMPT}, timeout=60)
         assert refused.status_code == 503 and "have not been updated" in refused.text  # half the weights are zeros
+        health = httpx.get(f"{engine.url}/health", timeout=30).json()
+        assert health["released_memory"] == ["cuda_graph", "kv_cache"]
+        assert health["weights_not_updated_since_resume"] == len(names) - len(names) // 2
         rest = [(n, state[n]) for n in names[len(names) // 2 :]]
         assert post_tensor_payload(engine.url, [serialize_named_tensors(rest)], "1").json()["weight_version"] == "1"
         assert post("/resume_memory_occupation", {"tags": ["kv_cache"]}).json()["success"]

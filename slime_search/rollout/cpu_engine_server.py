@@ -168,6 +168,8 @@ def create_app(engine, config: EngineServerConfig):
             "batches": batcher.batches,
             "requests": batcher.units,
             "queue_depth": batcher.queue_depth,
+            "released_memory": sorted(engine.released),
+            "weights_not_updated_since_resume": len(engine.stale),
         }
 
     @app.get("/health_generate")
