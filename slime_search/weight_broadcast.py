@@ -93,10 +93,8 @@ def broadcast_tensors(group, tensors: list[torch.Tensor]) -> None:
         dist.broadcast(tensor, src=0, group=group)
 
 
-def receive_tensors(
-    group, names: list[str], dtypes: list[str], shapes: list[list[int]], device: str = "cpu"
-) -> dict[str, torch.Tensor]:
-    """An engine's side of a bucket. Everything announced is received before anything is checked, so a bad
+def receive_tensors(group, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> dict[str, torch.Tensor]:
+    """The CPU engine's side of a bucket. Everything announced is received before anything is checked, so a bad
     bucket never leaves the trainer waiting on a broadcast nobody receives."""
     import torch.distributed as dist
 
@@ -104,7 +102,7 @@ def receive_tensors(
         raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes and {len(shapes)} shapes")
     received = {}
     for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
-        tensor = torch.empty([int(n) for n in shape], dtype=dtype_from_name(dtype), device=device)
+        tensor = torch.empty([int(n) for n in shape], dtype=dtype_from_name(dtype))
         dist.broadcast(tensor, src=0, group=group)
         received[name] = tensor
     return received
@@ -251,31 +249,19 @@ def host_in_thread(function, *args) -> asyncio.Future:
 
 
 async def _post(url: str, path: str, payload: dict) -> dict:
-    from slime_search.rollout.engine_client import EngineClient, EngineClientConfig
+    from slime_search.rollout.engine_client import call_engine
 
-    client = EngineClient(EngineClientConfig(url))
-    try:
-        return await client.post(path, payload)
-    finally:
-        await client.close()
+    return await call_engine(url, "post", path, payload)
 
 
 async def served_versions(urls: list[str]) -> list[str]:
     """The weight version each engine reports (GET /get_weight_version)."""
-    from slime_search.rollout.engine_client import EngineClient, EngineClientConfig
+    from slime_search.rollout.engine_client import call_engine
 
-    async def one(url: str) -> str:
-        client = EngineClient(EngineClientConfig(url))
-        try:
-            return await client.weight_version()
-        finally:
-            await client.close()
-
-    return list(await asyncio.gather(*(one(url) for url in urls)))
+    return list(await asyncio.gather(*(call_engine(url, "weight_version") for url in urls)))
 
 
 def _check(url: str, what: str, answer: dict) -> None:
-    from slime_search.rollout.engine_client import EngineError
+    from slime_search.rollout.engine_client import check_success
 
-    if not answer.get("success", False):
-        raise EngineError(f"engine {url}: {what} failed: {answer.get('message', answer)}")
+    check_success(url, what, answer)

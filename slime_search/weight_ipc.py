@@ -95,19 +95,13 @@ def engine_payloads(entries: list[str | None], ranks_per_engine: list[int]) -> l
 
 async def post_bucket(url: str, entries: list[str], weight_version: str | None) -> dict:
     """One bucket to one engine; the bucket carrying `weight_version` (the last) also flushes its cache."""
-    from slime_search.rollout.engine_client import EngineClient, EngineClientConfig, EngineError
+    from slime_search.rollout.engine_client import call_engine, check_success
 
     payload = {"serialized_named_tensors": entries, "load_format": None, "flush_cache": weight_version is not None}
     if weight_version is not None:
         payload["weight_version"] = weight_version
-    client = EngineClient(EngineClientConfig(url))
-    try:
-        answer = await client.post("/update_weights_from_tensor", payload)
-        if not answer.get("success", False):
-            raise EngineError(f"engine {url}: update_weights_from_tensor failed: {answer.get('message', answer)}")
-        return answer
-    finally:
-        await client.close()
+    answer = await call_engine(url, "post", "/update_weights_from_tensor", payload)
+    return check_success(url, "update_weights_from_tensor", answer)
 
 
 def push_by_handles(group, engine_urls: list[str], ranks_per_engine: list[int], weight_version: str, bucket_bytes: int):

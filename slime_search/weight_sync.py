@@ -66,14 +66,10 @@ def write_hf_checkpoint(
 
 async def update_engines_from_disk(engine_urls: list[str], model_path: str, weight_version: str) -> list[str]:
     """Every engine loads `model_path`; returns the versions they report (all must equal `weight_version`)."""
-    from slime_search.rollout.engine_client import EngineClient, EngineClientConfig, EngineError
+    from slime_search.rollout.engine_client import EngineError, call_engine
 
     async def one(url: str) -> str:
-        client = EngineClient(EngineClientConfig(url))
-        try:
-            answer = await client.update_weights_from_disk(model_path, weight_version)
-        finally:
-            await client.close()
+        answer = await call_engine(url, "update_weights_from_disk", model_path, weight_version)
         if not answer.get("success") or str(answer.get("weight_version")) != weight_version:
             raise EngineError(f"engine {url} did not switch to weight version {weight_version}: {answer}")
         return str(answer["weight_version"])

@@ -180,16 +180,9 @@ class RolloutManager:
 async def on_every_engine(urls: list[str], method: str, *args) -> None:
     """One EngineClient call on every engine, concurrently. (Module level: an async method would turn the
     RolloutManager into an async Ray actor, whose synchronous methods could not run their own event loops.)"""
-    from slime_search.rollout.engine_client import EngineClient, EngineClientConfig
+    from slime_search.rollout.engine_client import call_engine
 
-    async def one(url: str) -> None:
-        client = EngineClient(EngineClientConfig(url))
-        try:
-            await getattr(client, method)(*args)
-        finally:
-            await client.close()
-
-    await asyncio.gather(*(one(url) for url in urls))
+    await asyncio.gather(*(call_engine(url, method, *args) for url in urls))
 
 
 def run_rollout(args, source, config, generate, reward, params: dict, on_sample=None):

@@ -105,3 +105,20 @@ class EngineClient:
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
+
+
+async def call_engine(url: str, method: str, *args, **kwargs):
+    """One EngineClient call on a short-lived client: weight sync and memory hand-over are once per step, so they
+    need no pooled connections."""
+    client = EngineClient(EngineClientConfig(url))
+    try:
+        return await getattr(client, method)(*args, **kwargs)
+    finally:
+        await client.close()
+
+
+def check_success(url: str, what: str, answer: dict) -> dict:
+    """SGLang's control endpoints answer {"success": bool, "message": str}; a failure becomes an EngineError."""
+    if not answer.get("success", False):
+        raise EngineError(f"engine {url}: {what} failed: {answer.get('message', answer)}")
+    return answer
