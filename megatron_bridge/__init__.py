@@ -4,8 +4,10 @@ from megatron_bridge.qwen2 import (
     Qwen2Shape,
     gather_tensor_parallel,
     hf_to_megatron,
-    iter_hf_weight_buckets,
+    iter_buckets,
+    megatron_conversion_units,
     megatron_to_hf,
+    megatron_to_hf_part,
     pad_vocab_size,
     shard_tensor_parallel,
 )
@@ -14,8 +16,10 @@ __all__ = [
     "Qwen2Shape",
     "gather_tensor_parallel",
     "hf_to_megatron",
-    "iter_hf_weight_buckets",
+    "iter_buckets",
+    "megatron_conversion_units",
     "megatron_to_hf",
+    "megatron_to_hf_part",
     "pad_vocab_size",
     "shard_tensor_parallel",
 ]

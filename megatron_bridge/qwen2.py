@@ -15,7 +15,8 @@ Layout facts the mapping encodes:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -120,27 +121,63 @@ def hf_to_megatron(
     return out
 
 
+def _layer_to_hf(i: int, mg: dict[str, torch.Tensor], shape: Qwen2Shape, te_names: bool) -> dict[str, torch.Tensor]:
+    hp, mp = f"model.layers.{i}.", f"decoder.layers.{i}."
+    attn_norm, mlp_norm = _norm_names(i, te_names)
+    out = {hp + "input_layernorm.weight": mg[attn_norm]}
+    for kind in ("weight", "bias"):
+        q, k, v = split_qkv(mg[f"{mp}self_attention.linear_qkv.{kind}"], shape)
+        out[f"{hp}self_attn.q_proj.{kind}"], out[f"{hp}self_attn.k_proj.{kind}"] = q, k
+        out[f"{hp}self_attn.v_proj.{kind}"] = v
+    out[hp + "self_attn.o_proj.weight"] = mg[mp + "self_attention.linear_proj.weight"]
+    out[hp + "post_attention_layernorm.weight"] = mg[mlp_norm]
+    gate, up = torch.chunk(mg[mp + "mlp.linear_fc1.weight"], 2, dim=0)
+    out[hp + "mlp.gate_proj.weight"], out[hp + "mlp.up_proj.weight"] = gate, up
+    out[hp + "mlp.down_proj.weight"] = mg[mp + "mlp.linear_fc2.weight"]
+    return out
+
+
+_LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
+
+
+def megatron_conversion_units(names: Iterable[str]) -> list[list[str]]:
+    """Megatron names grouped into the units megatron_to_hf_part converts on their own, in HF order: the
+    embedding, each decoder layer, then the final norm and the output layer. Streaming conversion gathers and
+    converts one unit at a time instead of the whole model."""
+    head, layers, tail = [], {}, []
+    for name in names:
+        match = _LAYER.match(name)
+        if match:
+            layers.setdefault(int(match.group(1)), []).append(name)
+        elif name.startswith("embedding."):
+            head.append(name)
+        else:
+            tail.append(name)
+    units = [head] + [layers[i] for i in sorted(layers)] + [tail]
+    return [unit for unit in units if unit]
+
+
+def megatron_to_hf_part(mg: dict[str, torch.Tensor], shape: Qwen2Shape, te_names: bool = False) -> dict:
+    """HF tensors of the whole units (see megatron_conversion_units) present in `mg`, vocabulary padding removed.
+    A tied `lm_head.weight` is left out: it is the embedding, and engines tie it themselves."""
+    vocab = shape.vocab_size
+    out = {}
+    if "embedding.word_embeddings.weight" in mg:
+        out["model.embed_tokens.weight"] = mg["embedding.word_embeddings.weight"][:vocab]
+    for i in sorted({int(m.group(1)) for m in map(_LAYER.match, mg) if m}):
+        out.update(_layer_to_hf(i, mg, shape, te_names))
+    if "decoder.final_layernorm.weight" in mg:
+        out["model.norm.weight"] = mg["decoder.final_layernorm.weight"]
+    if "output_layer.weight" in mg and not shape.tie_word_embeddings:
+        out["lm_head.weight"] = mg["output_layer.weight"][:vocab]
+    return out
+
+
 def megatron_to_hf(mg: dict[str, torch.Tensor], shape: Qwen2Shape, te_names: bool = False) -> dict[str, torch.Tensor]:
     """HF Qwen2 state dict (vocab padding removed) from a full Megatron state dict."""
-    vocab = shape.vocab_size
-    out = {"model.embed_tokens.weight": mg["embedding.word_embeddings.weight"][:vocab]}
-    for i in range(shape.num_layers):
-        hp, mp = f"model.layers.{i}.", f"decoder.layers.{i}."
-        attn_norm, mlp_norm = _norm_names(i, te_names)
-        out[hp + "input_layernorm.weight"] = mg[attn_norm]
-        for kind in ("weight", "bias"):
-            q, k, v = split_qkv(mg[f"{mp}self_attention.linear_qkv.{kind}"], shape)
-            out[f"{hp}self_attn.q_proj.{kind}"], out[f"{hp}self_attn.k_proj.{kind}"] = q, k
-            out[f"{hp}self_attn.v_proj.{kind}"] = v
-        out[hp + "self_attn.o_proj.weight"] = mg[mp + "self_attention.linear_proj.weight"]
-        out[hp + "post_attention_layernorm.weight"] = mg[mlp_norm]
-        gate, up = torch.chunk(mg[mp + "mlp.linear_fc1.weight"], 2, dim=0)
-        out[hp + "mlp.gate_proj.weight"], out[hp + "mlp.up_proj.weight"] = gate, up
-        out[hp + "mlp.down_proj.weight"] = mg[mp + "mlp.linear_fc2.weight"]
-    out["model.norm.weight"] = mg["decoder.final_layernorm.weight"]
-    out["lm_head.weight"] = (
-        out["model.embed_tokens.weight"] if shape.tie_word_embeddings else mg["output_layer.weight"][:vocab]
-    )
+    out = megatron_to_hf_part(mg, shape, te_names)
+    if shape.tie_word_embeddings:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
     return out
 
 
@@ -196,19 +233,21 @@ def gather_tensor_parallel(shards: list[dict[str, torch.Tensor]]) -> dict[str, t
     return out
 
 
-def iter_hf_weight_buckets(
-    mg: dict[str, torch.Tensor], shape: Qwen2Shape, bucket_bytes: int, te_names: bool = False
+def iter_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """HF-named tensors in buckets of about `bucket_bytes`, for streaming weight sync to inference engines."""
+    """Consecutive (name, tensor) pairs grouped so that a bucket stays under `max_bytes` (a larger tensor goes
+    alone). Lazy: a streaming source is drawn only as far as the bucket being filled."""
+    if max_bytes <= 0:
+        raise ValueError(f"bucket size must be positive, got {max_bytes}")
     bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in megatron_to_hf(mg, shape, te_names).items():
-        if shape.tie_word_embeddings and name == "lm_head.weight":
-            continue  # engines tie it to the embeddings themselves
-        if bucket and size + tensor.numel() * tensor.element_size() > bucket_bytes:
+    filled = 0
+    for name, tensor in named_tensors:
+        size = tensor.numel() * tensor.element_size()
+        if bucket and filled + size > max_bytes:
             yield bucket
-            bucket, size = [], 0
+            bucket, filled = [], 0
         bucket.append((name, tensor))
-        size += tensor.numel() * tensor.element_size()
+        filled += size
     if bucket:
         yield bucket

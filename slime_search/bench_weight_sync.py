@@ -44,13 +44,12 @@ def push_by_disk(url: str, state: dict, original: Path, out: Path, version: str)
 
 
 def push_by_handles(url: str, state: dict, bucket_bytes: int, version: str) -> None:
-    from slime_search.weight_broadcast import plan_buckets
+    from megatron_bridge import iter_buckets
+    from slime_search.weight_broadcast import with_last
     from slime_search.weight_ipc import post_bucket, serialize_named_tensors
 
-    buckets = plan_buckets([(n, t.numel() * t.element_size()) for n, t in state.items()], bucket_bytes)
-    for i, names in enumerate(buckets):
-        entry = serialize_named_tensors([(n, state[n]) for n in names])
-        asyncio.run(post_bucket(url, [entry], version if i == len(buckets) - 1 else None))
+    for bucket, last in with_last(iter_buckets(state.items(), bucket_bytes)):
+        asyncio.run(post_bucket(url, [serialize_named_tensors(bucket)], version if last else None))
 
 
 def timed(push, repeats: int, check) -> list[float]:

@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_GROUP_NAME = "weight_update_group"
+T = TypeVar("T")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -70,19 +72,17 @@ def join_weight_update_group(
     return group
 
 
-def plan_buckets(sizes: Iterable[tuple[str, int]], max_bytes: int) -> list[list[str]]:
-    """Consecutive tensors grouped so that a bucket stays under `max_bytes` (a larger tensor goes alone)."""
-    if max_bytes <= 0:
-        raise ValueError(f"bucket size must be positive, got {max_bytes}")
-    buckets: list[list[str]] = []
-    filled = 0
-    for name, size in sizes:
-        if not buckets or filled + size > max_bytes:
-            buckets.append([])
-            filled = 0
-        buckets[-1].append(name)
-        filled += size
-    return buckets
+def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+    """Each item with whether it is the last one (draws one item ahead)."""
+    iterator = iter(items)
+    try:
+        current = next(iterator)
+    except StopIteration:
+        return
+    for following in iterator:
+        yield current, False
+        current = following
+    yield current, True
 
 
 def broadcast_tensors(group, tensors: list[torch.Tensor]) -> None:
@@ -176,21 +176,26 @@ class WeightBroadcaster:
         )
 
     def push(self, named_tensors: dict[str, torch.Tensor], weight_version: str) -> list[str]:
-        """Broadcast every tensor, bucket by bucket; returns the weight versions the engines then report."""
+        """Broadcast these tensors in buckets; returns the weight version every engine then serves."""
+        from megatron_bridge import iter_buckets
+
+        return self.push_buckets(iter_buckets(named_tensors.items(), self.config.bucket_bytes), weight_version)
+
+    def push_buckets(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], weight_version: str) -> list[str]:
+        """Broadcast bucket after bucket; the last carries `weight_version`. A streaming source is drawn one bucket
+        ahead (to know which is the last), so it holds at most two buckets at a time."""
         if self.group is None:
             raise RuntimeError("connect() to the engines before pushing weights")
-        tensors = {name: tensor.detach().contiguous() for name, tensor in named_tensors.items()}
-        sizes = [(name, t.numel() * t.element_size()) for name, t in tensors.items()]
-        buckets = plan_buckets(sizes, self.config.bucket_bytes)
-        return asyncio.run(self._push(tensors, buckets, weight_version))
+        return asyncio.run(self._push(buckets, weight_version))
 
-    async def _push(self, tensors: dict[str, torch.Tensor], buckets: list[list[str]], weight_version: str):
-        for i, names in enumerate(buckets):
-            last = i == len(buckets) - 1
+    async def _push(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], weight_version: str) -> list[str]:
+        pushed = 0
+        for bucket, last in with_last(buckets):
+            tensors = [tensor.detach().contiguous() for _, tensor in bucket]
             payload = {
-                "names": names,
-                "dtypes": [dtype_name(tensors[n].dtype) for n in names],
-                "shapes": [list(tensors[n].shape) for n in names],
+                "names": [name for name, _ in bucket],
+                "dtypes": [dtype_name(t.dtype) for t in tensors],
+                "shapes": [list(t.shape) for t in tensors],
                 "group_name": self.config.group_name,
                 "flush_cache": last,
                 **({"weight_version": weight_version} if last else {}),
@@ -198,9 +203,12 @@ class WeightBroadcaster:
             posts = [
                 asyncio.create_task(_post(url, "/update_weights_from_distributed", payload)) for url in self.engine_urls
             ]
-            await asyncio.to_thread(broadcast_tensors, self.group, [tensors[n] for n in names])
+            await asyncio.to_thread(broadcast_tensors, self.group, tensors)
             for url, answer in zip(self.engine_urls, await asyncio.gather(*posts), strict=True):
                 _check(url, "update_weights_from_distributed", answer)
+            pushed += 1
+        if not pushed:
+            raise ValueError("no weights to push")
         return await served_versions(self.engine_urls)
 
     def close(self) -> None:

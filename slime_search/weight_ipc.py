@@ -105,23 +105,21 @@ async def post_bucket(url: str, entries: list[str], weight_version: str | None) 
 
 
 def push_by_handles(group, engine_urls: list[str], ranks_per_engine: list[int], weight_version: str, bucket_bytes: int):
-    """Every bucket from the trainer ranks the engines sit on to those engines; returns the versions they serve.
-    `group` is the RayTrainGroup; its ranks keep every serialized bucket alive until the push is over."""
+    """Bucket after bucket from the trainer ranks the engines sit on to those engines; returns the versions they
+    serve. `group` is the RayTrainGroup; a rank drops a bucket once every engine has answered for it."""
     import asyncio
 
     from slime_search.weight_broadcast import served_versions
 
-    needed = sum(ranks_per_engine)
-    buckets = group.prepare_weight_handles(bucket_bytes, needed)
+    async def post_all(payloads: list[list[str]], version: str | None) -> None:
+        await asyncio.gather(*(post_bucket(u, p, version) for u, p in zip(engine_urls, payloads, strict=True)))
+
+    group.prepare_weight_handles(bucket_bytes, sum(ranks_per_engine))
     try:
-        for index in range(buckets):
-            payloads = engine_payloads(group.weight_handles(index), ranks_per_engine)
-            version = weight_version if index == buckets - 1 else None
-
-            async def post_all(payloads=payloads, version=version):
-                await asyncio.gather(*(post_bucket(u, p, version) for u, p in zip(engine_urls, payloads, strict=True)))
-
-            asyncio.run(post_all())
+        last = False
+        while not last:
+            entries, last = group.next_weight_handles()
+            asyncio.run(post_all(engine_payloads(entries, ranks_per_engine), weight_version if last else None))
     finally:
         group.finish_weight_handles()
     return asyncio.run(served_versions(engine_urls))

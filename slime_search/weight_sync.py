@@ -5,21 +5,34 @@ Three transports (`--update-weight-transport`), all through SGLang's HTTP API:
   (slime_search.weight_broadcast; NCCL on GPU, gloo with the CPU engine);
 * tensor: the actor ranks engines share a device with hand them tensor handles (slime_search.weight_ipc;
   CUDA IPC on GPU, shared memory on CPU);
-* disk: works everywhere. Rank 0 writes an HF checkpoint (safetensors + the original
-config and tokenizer) into a fresh folder, renames it into place, and every engine loads it through
-`/update_weights_from_disk` with the new weight_version. Engines answer with the version they now serve, which is
-checked, so a rollout never starts on mixed versions.
+* disk: works everywhere. Rank 0 writes an HF checkpoint (safetensors + the original config and tokenizer)
+  into a fresh folder, renames it into place, and every engine loads it through `/update_weights_from_disk`
+  with the new weight_version.
+
+The nccl and tensor transports stream: the tensor-parallel shards are gathered and renamed one unit (embedding,
+decoder layer, head) at a time into buckets (`iter_hf_buckets`), so the push never holds a second copy of the whole
+model on the trainer's device.
+
+Engines answer with the version they now serve, which is checked, so a rollout never starts on mixed versions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from megatron_bridge import Qwen2Shape, gather_tensor_parallel, megatron_to_hf
+from megatron_bridge import (
+    Qwen2Shape,
+    gather_tensor_parallel,
+    iter_buckets,
+    megatron_conversion_units,
+    megatron_to_hf,
+    megatron_to_hf_part,
+)
 
 
 def gather_full_megatron_state(local_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -38,6 +51,22 @@ def gather_full_megatron_state(local_state: dict[str, torch.Tensor]) -> dict[str
         for rank, part in enumerate(parts):
             shards[rank][name] = part
     return gather_tensor_parallel(shards)
+
+
+def iter_hf_buckets(
+    local_state: dict[str, torch.Tensor], shape: Qwen2Shape, te_names: bool, bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The full weights under HF names in buckets of about `bucket_bytes`, gathered and converted one unit (the
+    embedding, a decoder layer, the head) at a time: a rank holds one bucket and one unit, never the whole model.
+    Collective over the tensor-parallel group: every rank of the group must draw the same buckets in step."""
+
+    def hf_tensors():
+        for unit in megatron_conversion_units(local_state):
+            full = gather_full_megatron_state({name: local_state[name] for name in unit})
+            for name, tensor in megatron_to_hf_part(full, shape, te_names).items():
+                yield name, tensor.contiguous()
+
+    return iter_buckets(hf_tensors(), bucket_bytes)
 
 
 def write_hf_checkpoint(

@@ -7,8 +7,10 @@ from megatron_bridge import (
     Qwen2Shape,
     gather_tensor_parallel,
     hf_to_megatron,
-    iter_hf_weight_buckets,
+    iter_buckets,
+    megatron_conversion_units,
     megatron_to_hf,
+    megatron_to_hf_part,
     pad_vocab_size,
     shard_tensor_parallel,
 )
@@ -98,16 +100,42 @@ def test_tensor_parallel_shards_gather_back_exactly(tp):
         shard_tensor_parallel(mg, SHAPE, 3, 0)
 
 
-def test_weight_buckets_stream_every_hf_tensor_within_size():
-    shape = Qwen2Shape(**{**SHAPE.__dict__, "tie_word_embeddings": True})
-    hf = random_hf_state(shape)
-    mg = hf_to_megatron(hf, shape, 64)
-    buckets = list(iter_hf_weight_buckets(mg, shape, bucket_bytes=4096))
-    names = [n for b in buckets for n, _ in b]
-    assert sorted(names) == sorted(k for k in hf if k != "lm_head.weight")
-    for bucket in buckets:
-        size = sum(t.numel() * t.element_size() for _, t in bucket)
-        assert size <= 4096 or len(bucket) == 1
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("te_names", [False, True])
+def test_unit_by_unit_conversion_equals_whole_model(tied, te_names):
+    shape = Qwen2Shape(**{**SHAPE.__dict__, "tie_word_embeddings": tied})
+    mg = hf_to_megatron(random_hf_state(shape), shape, 64, te_names=te_names)
+    units = megatron_conversion_units(mg)
+    assert sorted(n for unit in units for n in unit) == sorted(mg)
+    assert len(units) == shape.num_layers + 2  # embedding, each layer, final norm (+ output layer)
+    assert all(n.startswith(f"decoder.layers.{i}.") for i, unit in enumerate(units[1:-1]) for n in unit)
+    streamed = [
+        item for unit in units for item in megatron_to_hf_part({n: mg[n] for n in unit}, shape, te_names).items()
+    ]
+    whole = megatron_to_hf(mg, shape, te_names=te_names)
+    if tied:
+        whole.pop("lm_head.weight")  # the engines tie it themselves
+    assert [n for n, _ in streamed] == list(whole)  # same names, same order
+    assert all(torch.equal(t, whole[n]) for n, t in streamed)
+
+
+def test_buckets_keep_order_and_size_and_draw_lazily():
+    tensors = [(f"t{i}", torch.zeros(n)) for i, n in enumerate([10, 10, 30, 5, 5])]  # 40, 40, 120, 20, 20 bytes
+    buckets = list(iter_buckets(tensors, 80))
+    assert [[n for n, _ in b] for b in buckets] == [["t0", "t1"], ["t2"], ["t3", "t4"]]
+    assert [[n for n, _ in b] for b in iter_buckets(tensors, 10_000)] == [["t0", "t1", "t2", "t3", "t4"]]
+    assert list(iter_buckets([], 100)) == []
+    drawn = []
+
+    def source():
+        for name, tensor in tensors:
+            drawn.append(name)
+            yield name, tensor
+
+    first = next(iter_buckets(source(), 80))
+    assert [n for n, _ in first] == ["t0", "t1"] and drawn == ["t0", "t1", "t2"]  # t2 showed the bucket was full
+    with pytest.raises(ValueError, match="positive"):
+        next(iter_buckets(tensors, 0))
 
 
 def test_missing_tensor_is_named():

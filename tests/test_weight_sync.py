@@ -1,4 +1,4 @@
-"""Weight sync by disk: trained Megatron shards (TP=2) -> HF checkpoint -> a running CPU engine."""
+"""Weight sync by disk: trained Megatron shards (TP=2) -> HF checkpoint -> a running CPU engine; and the streamed\nbuckets the other transports push hold exactly the same weights."""
 
 import asyncio
 import json
@@ -11,19 +11,20 @@ from slime_search.backends.megatron.distributed import free_port
 from slime_search.utils.server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(600)
+BUCKET_BYTES = 64 * 1024
 TOKENS = [151644, 872, 198, 9707, 1879, 0, 151645, 198, 151644, 77091, 198, 3838, 374, 419]
 
 
 def _sync_worker(rank, world, port, checkpoint, out_dir):
     from transformers import AutoModelForCausalLM
 
-    from megatron_bridge import Qwen2Shape
+    from megatron_bridge import Qwen2Shape, megatron_to_hf
     from slime_search.backends.megatron.actor import ActorConfig, MegatronActor
     from slime_search.backends.megatron.distributed import init_megatron, shutdown
     from slime_search.backends.megatron.loss import LossConfig, TrainSample
     from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights, uses_te_names
     from slime_search.backends.megatron.optimizer import OptimConfig
-    from slime_search.weight_sync import gather_full_megatron_state, write_hf_checkpoint
+    from slime_search.weight_sync import gather_full_megatron_state, iter_hf_buckets, write_hf_checkpoint
 
     init_megatron(rank, world, tp_size=world, master_port=port)
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
@@ -37,10 +38,25 @@ def _sync_worker(rank, world, port, checkpoint, out_dir):
     actor.train_step([sample])
     after = actor.compute_log_probs([sample])[0]
     full = gather_full_megatron_state(actor.local_state_dict())
+    te_names = uses_te_names(model)
+    # what the broadcast and tensor-handle transports push: gathered and renamed unit by unit, in buckets
+    buckets = list(iter_hf_buckets(actor.local_state_dict(), shape, te_names, bucket_bytes=BUCKET_BYTES))
     if rank == 0:
-        write_hf_checkpoint(full, shape, checkpoint, f"{out_dir}/step_1", te_names=uses_te_names(model))
+        write_hf_checkpoint(full, shape, checkpoint, f"{out_dir}/step_1", te_names=te_names)
+        whole = megatron_to_hf(full, shape, te_names=te_names)
+        if shape.tie_word_embeddings:
+            whole.pop("lm_head.weight")
+        streamed = [item for bucket in buckets for item in bucket]
+        report = {
+            "before": before,
+            "after": after,
+            "streamed_names": [name for name, _ in streamed],
+            "whole_names": list(whole),
+            "streamed_equal": all(torch.equal(tensor, whole[name]) for name, tensor in streamed),
+            "bucket_sizes": [[t.numel() * t.element_size() for _, t in bucket] for bucket in buckets],
+        }
         with open(f"{out_dir}/log_probs.json", "w") as handle:
-            json.dump({"before": before, "after": after}, handle)
+            json.dump(report, handle)
     shutdown()
 
 
@@ -64,6 +80,10 @@ def test_trained_weights_reach_the_engine(tiny_checkpoint, tmp_path):
     # the written checkpoint is the trained policy: HF on it reproduces the actor's post-step log-probs
     assert hf_log_probs(synced, TOKENS, 5) == pytest.approx(logged["after"], abs=1e-4)
     assert max(abs(a - b) for a, b in zip(logged["after"], logged["before"], strict=True)) > 1e-2
+    # streaming the gathered TP shards unit by unit gives exactly the whole-model conversion, in small buckets
+    assert logged["streamed_names"] == logged["whole_names"] and logged["streamed_equal"]
+    assert len(logged["bucket_sizes"]) > 3
+    assert all(sum(sizes) <= BUCKET_BYTES or len(sizes) == 1 for sizes in logged["bucket_sizes"])
     argv = ["-m", "slime_search.rollout.cpu_engine_server", "--model-path", str(tiny_checkpoint), "--port", "0"]
     with ServerProcess(argv) as engine:
         versions = asyncio.run(update_engines_from_disk([engine.url], str(synced), "1"))

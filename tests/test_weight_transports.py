@@ -5,6 +5,7 @@ import httpx
 import pytest
 import torch
 
+from megatron_bridge import iter_buckets
 from slime_search.backends.megatron.distributed import free_port
 from slime_search.utils.server_process import ServerProcess
 from slime_search.weight_broadcast import (
@@ -12,20 +13,17 @@ from slime_search.weight_broadcast import (
     WeightBroadcaster,
     dtype_from_name,
     dtype_name,
-    plan_buckets,
+    with_last,
 )
 
 pytestmark = pytest.mark.timeout(300)
 PROMPT = [151644, 872, 198, 9707, 1879, 0, 151645, 198, 151644, 77091, 198]
 
 
-def test_buckets_keep_order_and_stay_under_the_limit():
-    sizes = [("a", 40), ("b", 50), ("c", 20), ("d", 200), ("e", 10)]
-    assert plan_buckets(sizes, 100) == [["a", "b"], ["c"], ["d"], ["e"]]
-    assert plan_buckets(sizes, 10_000) == [["a", "b", "c", "d", "e"]]
-    assert plan_buckets([], 100) == []
-    with pytest.raises(ValueError, match="positive"):
-        plan_buckets(sizes, 0)
+def test_with_last_marks_only_the_final_item():
+    assert list(with_last("abc")) == [("a", False), ("b", False), ("c", True)]
+    assert list(with_last([7])) == [(7, True)]
+    assert list(with_last([])) == []
 
 
 def test_dtype_names_are_the_ones_sglang_reads():
@@ -97,8 +95,7 @@ def test_two_engines_receive_every_bucket_and_serve_the_new_version(tiny_checkpo
             old_lps = [lp for lp, _, _ in before["meta_info"]["output_token_logprobs"]]
             new_lps = log_probs_under(model, PROMPT, before["output_ids"])
             assert max(abs(a - b) for a, b in zip(old_lps, new_lps, strict=True)) > 1e-2
-            sizes = [(n, t.numel() * 4) for n, t in state.items()]
-            assert len(plan_buckets(sizes, 256 * 1024)) > 2  # the push really went in several buckets
+            assert len(list(iter_buckets(state.items(), 256 * 1024))) > 2  # the push really went in several buckets
         finally:
             broadcaster.close()
         for url in urls:  # the engines left the group

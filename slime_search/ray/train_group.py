@@ -125,6 +125,7 @@ class TrainRank:
         from slime_search.backends.megatron.distributed import free_port
         from slime_search.weight_broadcast import WeightBroadcaster
 
+        self.broadcast_config = config
         if self.rank != 0:
             return
         self.broadcaster = WeightBroadcaster(config)
@@ -142,50 +143,43 @@ class TrainRank:
 
         return [str(i) for i in ray.get_gpu_ids()]
 
-    def _gathered_hf_state(self, convert: bool) -> dict | None:
-        """Collective over the tensor-parallel group: the full weights under HF names (None where not `convert`)."""
-        from megatron_bridge import megatron_to_hf
+    def _hf_buckets(self, bucket_bytes: int):
+        """The weights under HF names, streamed in buckets (collective over the tensor-parallel group)."""
         from slime_search.backends.megatron.model import uses_te_names
-        from slime_search.weight_sync import gather_full_megatron_state
+        from slime_search.weight_sync import iter_hf_buckets
 
-        full = gather_full_megatron_state(self.actor.local_state_dict())
-        if not convert:
-            return None
-        hf_state = megatron_to_hf(full, self.shape, te_names=uses_te_names(self.actor.model.module))
-        if self.shape.tie_word_embeddings:
-            hf_state.pop("lm_head.weight")
-        return {name: tensor.contiguous() for name, tensor in hf_state.items()}
+        te_names = uses_te_names(self.actor.model.module)
+        return iter_hf_buckets(self.actor.local_state_dict(), self.shape, te_names, bucket_bytes)
 
     def broadcast_weights(self, weight_version: str) -> list[str] | None:
-        """Gather the tensor-parallel shards, convert to HF names, broadcast to every engine (rank 0)."""
-        hf_state = self._gathered_hf_state(convert=self.rank == 0)
-        return None if hf_state is None else self.broadcaster.push(hf_state, weight_version)
+        """Rank 0 broadcasts to every engine as the buckets are gathered; the other ranks help gather."""
+        buckets = self._hf_buckets(self.broadcast_config.bucket_bytes)
+        try:
+            return self.broadcaster.push_buckets(buckets, weight_version) if self.rank == 0 else None
+        finally:
+            for _ in buckets:  # gather to the end (also after a failed push) so that no rank waits for this one
+                pass
 
-    def prepare_weight_handles(self, bucket_bytes: int, serving_ranks: int) -> int:
-        """Tensor-handle sync, step 1 (collective): the ranks engines sit on hold the HF weights in buckets."""
-        from slime_search.weight_broadcast import plan_buckets
+    def prepare_weight_handles(self, bucket_bytes: int, serving_ranks: int) -> None:
+        """Tensor-handle sync, step 1: start streaming the weights; ranks below `serving_ranks` have an engine
+        on their device and hand it their buckets."""
+        from slime_search.weight_broadcast import with_last
 
-        self._handle_state = self._gathered_hf_state(convert=self.rank < serving_ranks)
-        self._sent: list = []
-        if self._handle_state is None:
-            self._handle_buckets = []
-            return 0
-        sizes = [(name, t.numel() * t.element_size()) for name, t in self._handle_state.items()]
-        self._handle_buckets = plan_buckets(sizes, bucket_bytes)
-        return len(self._handle_buckets)
+        self._handle_buckets = with_last(self._hf_buckets(bucket_bytes))
+        self._serves_engine = self.rank < serving_ranks
+        self._sent = None
 
-    def weight_handles(self, index: int) -> str | None:
-        """Step 2: bucket `index` serialized as handles (kept alive until finish_weight_handles)."""
+    def next_weight_handles(self) -> tuple[str | None, bool]:
+        """Step 2 (collective), called once the engines answered for the previous bucket, which is dropped: the
+        next bucket as handles (None on a rank without an engine) and whether it is the last one."""
         from slime_search.weight_ipc import serialize_named_tensors
 
-        if self._handle_state is None:
-            return None
-        named = [(name, self._handle_state[name]) for name in self._handle_buckets[index]]
-        self._sent.append(named)
-        return serialize_named_tensors(named)
+        self._sent = None
+        self._sent, last = next(self._handle_buckets)
+        return (serialize_named_tensors(self._sent) if self._serves_engine else None), last
 
     def finish_weight_handles(self) -> None:
-        self._handle_state, self._handle_buckets, self._sent = None, [], []
+        self._handle_buckets, self._sent = None, None
 
     def disconnect_engines(self) -> None:
         if getattr(self, "broadcaster", None) is not None:
@@ -311,19 +305,23 @@ class RayTrainGroup:
 
         return [i for ids in ray.get([rank.gpu_ids.remote() for rank in self.ranks]) for i in ids]
 
-    def prepare_weight_handles(self, bucket_bytes: int, serving_ranks: int) -> int:
-        """Tensor-handle sync (`slime_search.weight_ipc`): gather on every rank; returns the number of buckets."""
+    def prepare_weight_handles(self, bucket_bytes: int, serving_ranks: int) -> None:
+        """Tensor-handle sync (`slime_search.weight_ipc`): the first `serving_ranks` ranks serve engines."""
         import ray
 
         if serving_ranks > self.config.num_ranks:
             raise ValueError(f"engines sit on {serving_ranks} trainer ranks but there are {self.config.num_ranks}")
-        counts = ray.get([rank.prepare_weight_handles.remote(bucket_bytes, serving_ranks) for rank in self.ranks])
-        return counts[0]
+        ray.get([rank.prepare_weight_handles.remote(bucket_bytes, serving_ranks) for rank in self.ranks])
 
-    def weight_handles(self, index: int) -> list[str | None]:
+    def next_weight_handles(self) -> tuple[list[str | None], bool]:
+        """The next bucket's handles from every rank, and whether it is the last bucket."""
         import ray
 
-        return ray.get([rank.weight_handles.remote(index) for rank in self.ranks])
+        answers = ray.get([rank.next_weight_handles.remote() for rank in self.ranks])
+        lasts = {last for _, last in answers}
+        if len(lasts) != 1:
+            raise RuntimeError("trainer ranks disagree on where the weights end; their models differ")
+        return [entry for entry, _ in answers], lasts.pop()
 
     def finish_weight_handles(self) -> None:
         import ray
