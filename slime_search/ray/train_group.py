@@ -35,6 +35,17 @@ def create_placement_group(config: TrainGroupConfig):
     return group
 
 
+def release_ipc_memory() -> None:
+    """Free the dropped buckets' device memory. Every bucket is a fresh allocation, and torch keeps a block shared by
+    CUDA IPC unfreed while an engine still holds its handle; ipc_collect frees the blocks the engines have closed
+    and empty_cache hands the memory to colocated engines."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()
+
+
 class TrainRank:
     """One Megatron rank inside a Ray actor (wrapped by ray.remote in RayTrainGroup)."""
 
@@ -175,11 +186,13 @@ class TrainRank:
         from slime_search.weight_ipc import serialize_named_tensors
 
         self._sent = None
+        release_ipc_memory()
         self._sent, last = next(self._handle_buckets)
         return (serialize_named_tensors(self._sent) if self._serves_engine else None), last
 
     def finish_weight_handles(self) -> None:
         self._handle_buckets, self._sent = None, None
+        release_ipc_memory()
 
     def disconnect_engines(self) -> None:
         if getattr(self, "broadcaster", None) is not None:
