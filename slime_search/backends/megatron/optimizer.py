@@ -134,6 +134,20 @@ class GpuOptimizer:
         self.iteration += 1
         return bool(applied), float(norm or 0.0)
 
+    def state_dict(self) -> dict:
+        """Adam moments, fp32 main weights (bf16 training) and the step count, for this rank (see save_actor).
+        The distributed optimizer keeps its per-parameter state outside state_dict, so it is refused here rather
+        than saved without its moments."""
+        if self.config.use_distributed_optimizer:
+            raise NotImplementedError("checkpointing the distributed optimizer's sharded state is not supported")
+        return {"megatron": self.optimizer.state_dict(), "iteration": self.iteration}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.config.use_distributed_optimizer:
+            raise NotImplementedError("checkpointing the distributed optimizer's sharded state is not supported")
+        self.optimizer.load_state_dict(state["megatron"])
+        self.iteration = state["iteration"]
+
 
 def build_optimizer(ddp_model, config: OptimConfig, params_dtype: torch.dtype):
     from slime_search.backends.megatron import cpu_compat
