@@ -66,7 +66,9 @@ def measure(mode: str, args) -> dict:
     from slime_search.backends.megatron.model import ModelOptions, build_gpt_model
 
     init_megatron(0, 1, tp_size=1, master_port=free_port())
-    shape = Qwen2Shape(args.num_layers, args.hidden_size, args.num_heads, args.num_kv_heads, args.ffn, 151936, True)
+    shape = Qwen2Shape(
+        args.num_layers, args.hidden_size, args.num_heads, args.num_kv_heads, args.intermediate_size, 151936, True
+    )
     model = build_gpt_model(shape, ModelOptions())
     state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     model_bytes = sum(t.numel() * t.element_size() for t in state.values())
@@ -92,12 +94,10 @@ def measure(mode: str, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from slime_search.bench_weight_sync import add_shape_arguments
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden-size", type=int, default=896)
-    parser.add_argument("--num-layers", type=int, default=24)
-    parser.add_argument("--num-heads", type=int, default=14)
-    parser.add_argument("--num-kv-heads", type=int, default=2)
-    parser.add_argument("--ffn", type=int, default=4864)
+    add_shape_arguments(parser)
     parser.add_argument("--bucket-mb", type=int, default=512)
     parser.add_argument("--only", choices=["whole", "streamed"], help="measure one way here (used internally)")
     args = parser.parse_args(argv)

@@ -52,6 +52,15 @@ def push_by_handles(url: str, state: dict, bucket_bytes: int, version: str) -> N
         asyncio.run(post_bucket(url, [serialize_named_tensors(bucket)], version if last else None))
 
 
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmarked model's shape; Qwen2.5-0.5B's by default."""
+    parser.add_argument("--hidden-size", type=int, default=896)
+    parser.add_argument("--num-layers", type=int, default=24)
+    parser.add_argument("--num-heads", type=int, default=14)
+    parser.add_argument("--num-kv-heads", type=int, default=2)
+    parser.add_argument("--intermediate-size", type=int, default=4864)
+
+
 def timed(push, repeats: int, check) -> list[float]:
     times = []
     for r in range(repeats):
@@ -64,11 +73,7 @@ def timed(push, repeats: int, check) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden-size", type=int, default=896)
-    parser.add_argument("--num-layers", type=int, default=24)
-    parser.add_argument("--num-heads", type=int, default=14)
-    parser.add_argument("--num-kv-heads", type=int, default=2)
-    parser.add_argument("--intermediate-size", type=int, default=4864)
+    add_shape_arguments(parser)
     parser.add_argument("--bucket-mb", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
