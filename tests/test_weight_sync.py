@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import time
 
 import pytest
 import torch
@@ -103,3 +104,47 @@ def test_trained_weights_reach_the_engine(tiny_checkpoint, tmp_path):
         served = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
         expected = hf_log_probs(synced, TOKENS[:-5] + out["output_ids"], len(out["output_ids"]))
         assert served == pytest.approx(expected, abs=1e-4)
+
+
+class RefusingBroadcaster:
+    """Rank 0's broadcaster when an engine refuses the first bucket."""
+
+    def push_buckets(self, buckets, weight_version):
+        next(iter(buckets))
+        raise RuntimeError("engine refused the bucket")
+
+
+def _failed_push_worker(rank, world, port, checkpoint, out_dir):
+    from slime_search.backends.megatron.actor import ActorConfig
+    from slime_search.backends.megatron.distributed import shutdown
+    from slime_search.ray.train_group import TrainRank
+    from slime_search.weight_broadcast import BroadcastConfig
+
+    trainer = TrainRank(rank, world, world, port)
+    trainer.load_hf(checkpoint, ActorConfig())
+    trainer.broadcast_config = BroadcastConfig("gloo", bucket_bytes=BUCKET_BYTES)
+    trainer.broadcaster = RefusingBroadcaster() if rank == 0 else None
+    try:
+        outcome = repr(trainer.broadcast_weights("1"))
+    except RuntimeError as err:
+        outcome = str(err)
+    # the tensor-parallel peers are still in step: a whole new stream of collective gathers completes on both
+    buckets_after = sum(1 for _ in trainer._hf_buckets(BUCKET_BYTES))
+    with open(f"{out_dir}/rank{rank}.json", "w") as handle:
+        json.dump({"outcome": outcome, "buckets_after": buckets_after}, handle)
+    shutdown()
+
+
+def test_a_failed_broadcast_leaves_no_tensor_parallel_rank_waiting(tiny_checkpoint, tmp_path):
+    context = mp.spawn(
+        _failed_push_worker, args=(2, free_port(), str(tiny_checkpoint), str(tmp_path)), nprocs=2, join=False
+    )
+    deadline = time.monotonic() + 240
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:  # rank 1 blocked in a gather rank 0 never joined
+            for process in context.processes:
+                process.kill()
+            pytest.fail("a rank was left waiting after the failed push")
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert results[0]["outcome"] == "engine refused the bucket" and results[1]["outcome"] == "None"
+    assert results[0]["buckets_after"] == results[1]["buckets_after"] > 3
