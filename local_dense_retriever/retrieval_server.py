@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import logging
-import socket
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from local_dense_retriever.batching import Hits, LRUCache, MicroBatcher, SearchFn, normalize_query  # noqa: E402
+from slime_search.utils.net import listen_socket  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -167,19 +167,6 @@ def load_retriever(args: argparse.Namespace):
     )
     retriever = DenseRetriever(args.index_path, config, faiss_gpu=args.faiss_gpu)
     return retriever, {"index_type": retriever.index_type, "encoder": config.model_path, "index_size": retriever.size}
-
-
-def listen_socket(host: str, port: int) -> socket.socket:
-    """A bound TCP socket for uvicorn (port 0 picks a free one).
-
-    proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and without it
-    every keep-alive response waits ~40 ms for a delayed ACK (Nagle).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,10 +1,19 @@
-"""Load extension points (generate, reward, filters) by dotted path, as slime's `--custom-*-path` flags do."""
+"""Load extension points (generate, reward, filters) by dotted path, as slime's `--custom-*-path` flags do.
+
+The rollout plugins keep slime's signatures: `async def generate(args, sample, sampling_params) -> Sample` and
+`async def reward_func(args, sample, **kw) -> float | dict`. A generate plugin's module may also define
+`async def close_resources()`: it is awaited at the end of every rollout, in the rollout's event loop, so the plugin
+can close what it opened for that rollout (connection pools, clients).
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
+
+END_OF_ROLLOUT_HOOK = "close_resources"
 
 
 class PluginLoadError(ImportError):
@@ -32,3 +41,25 @@ def load_function(path: str) -> Callable[..., Any]:
     if not callable(obj):
         raise PluginLoadError(f"cannot load {path!r}: {attr!r} is a {type(obj).__name__}, not a callable")
     return obj
+
+
+async def _nothing_to_close() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Plugins:
+    """The rollout's plugins, loaded once: generate, reward, and the generate module's end-of-rollout hook."""
+
+    generate: Callable[..., Awaitable[Any]]
+    reward: Callable[..., Awaitable[Any]]
+    end_rollout: Callable[[], Awaitable[None]] = _nothing_to_close
+
+    @classmethod
+    def load(cls, generate_path: str, reward_path: str) -> Plugins:
+        generate, reward = load_function(generate_path), load_function(reward_path)
+        module_name = generate_path.rpartition(".")[0]
+        hook = getattr(importlib.import_module(module_name), END_OF_ROLLOUT_HOOK, None)
+        if hook is not None and not callable(hook):
+            raise PluginLoadError(f"{module_name}.{END_OF_ROLLOUT_HOOK} must be an async function")
+        return cls(generate, reward, hook or _nothing_to_close)

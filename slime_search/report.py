@@ -10,7 +10,6 @@ running one, or a copy of either.
 from __future__ import annotations
 
 import html
-import json
 import re
 import sys
 from pathlib import Path
@@ -45,10 +44,11 @@ TABLE_KEYS = (
 TAG = re.compile(r"(<search>.*?</search>|<answer>.*?</answer>|<think>.*?</think>)", re.DOTALL)
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_records(path: Path) -> list[dict]:
+    """The records of a run file; none while the run has not written it yet."""
+    from slime_search.rollout.data_source import read_jsonl
+
+    return read_jsonl(path) if path.is_file() else []
 
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -136,8 +136,8 @@ pre { white-space: pre-wrap; background: #fafafa; padding: 0.6em; border: 1px so
 def render_report(run_dir: str | Path, examples_per_kind: int = 6) -> Path:
     """Write RUN_DIR/report/ (PNGs + index.html) from the run's files; returns the HTML path."""
     run_dir = Path(run_dir)
-    records = read_jsonl(run_dir / "metrics.jsonl")
-    examples = read_jsonl(run_dir / "rollouts.jsonl")
+    records = read_records(run_dir / "metrics.jsonl")
+    examples = read_records(run_dir / "rollouts.jsonl")
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     images = plot_curves(records, out)

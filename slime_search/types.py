@@ -1,4 +1,5 @@
-"""The unit of data that flows from rollout to training: one `Sample` per generated trajectory."""
+"""The units of data that flow from rollout to training: one `Sample` per generated trajectory, and the
+`TrainSample` the trainer takes of it."""
 
 from __future__ import annotations
 
@@ -126,3 +127,27 @@ class Sample:
         sample = cls(**fields)
         sample.check_alignment()
         return sample
+
+
+@dataclass
+class TrainSample:
+    """What the trainer needs of a rollout sample; per-token lists cover the response only."""
+
+    tokens: list[int]
+    response_length: int
+    loss_mask: list[int]
+    advantage: float = 0.0
+    rollout_log_probs: list[float] | None = None
+    old_log_probs: list[float] | None = None
+    ref_log_probs: list[float] | None = None
+
+    @classmethod
+    def from_sample(cls, sample: Sample) -> TrainSample:
+        """The trainer's view of a scored sample (its GRPO advantage in metadata["advantage"])."""
+        return cls(
+            tokens=list(sample.tokens),
+            response_length=sample.response_length,
+            loss_mask=list(sample.loss_mask),
+            advantage=float(sample.metadata.get("advantage", 0.0)),
+            rollout_log_probs=list(sample.rollout_log_probs),
+        )

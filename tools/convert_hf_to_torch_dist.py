@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         return 2
     import torch.multiprocessing as mp
 
-    from slime_search.backends.megatron.distributed import free_port
+    from slime_search.utils.net import free_port
 
     mp.spawn(_worker, args=(args, free_port()), nprocs=args.tensor_model_parallel_size, join=True)
     print(f"wrote {args.save}")

@@ -48,9 +48,10 @@ def main(argv=None) -> int:
     from megatron_bridge import megatron_to_hf
     from megatron_bridge.hf_io import save_hf_folder
     from slime_search.backends.megatron.checkpoint import load_model
-    from slime_search.backends.megatron.distributed import free_port, init_megatron, shutdown
+    from slime_search.backends.megatron.distributed import init_megatron, shutdown
     from slime_search.backends.megatron.model import build_gpt_model, uses_te_names
     from slime_search.backends.megatron.model_args import model_from_args
+    from slime_search.utils.net import free_port
 
     init_megatron(0, 1, tp_size=1, master_port=free_port())
     shape, options = model_from_args(args)

@@ -88,7 +88,7 @@ def build_app(tokenizer, seed: int, search_prob: float):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
-    from slime_search.rollout.replay_engine import turn_response
+    from slime_search.engines.replay_engine import turn_response
 
     app = FastAPI()
     visits: dict[str, int] = {}
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
     app = build_app(AutoTokenizer.from_pretrained(args.tokenizer), args.seed, args.search_prob)
-    from local_dense_retriever.retrieval_server import listen_socket
+    from slime_search.utils.net import listen_socket
 
     sock = listen_socket("127.0.0.1", args.port)
     print(f"serving on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)

@@ -1,1 +1,1 @@
-"""Ray placement groups and actor groups for the Megatron trainer (GPU bundles, or CPU bundles on CPU)."""
+"""Ray placement: the Megatron train group (one actor per rank), the RolloutManager's placement, colocation."""

@@ -2,13 +2,17 @@
 
 Rank r holds tensor-parallel rank r % TP of data-parallel rank r // TP (Megatron's order with TP innermost);
 every TP rank of a data-parallel group receives that group's samples. On a CPU machine the bundles ask for
-CPU only and the ranks talk over gloo; on GPU each bundle holds one GPU and the ranks use NCCL.
+CPU only and the ranks talk over gloo; on GPU each bundle holds one GPU and the ranks use NCCL. A rank also serves
+its half of weight sync (`slime_search.weight_sync.rank`), which the transports call through `on_all_ranks`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from slime_search.types import TrainSample
+from slime_search.weight_sync.rank import WeightSyncRank
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,17 @@ class TrainGroupConfig:
         return self.num_ranks // self.tp_size
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the actor's (and the KL reference's) architecture and weights come from."""
+
+    hf_checkpoint: str  # architecture, tokenizer, and the initial weights unless `load` is given
+    load: str | None = None  # torch_dist folder with the initial actor weights
+    with_reference: bool = False  # also load the frozen KL reference
+    ref_load: str | None = None  # torch_dist folder of the reference (else the initial actor weights)
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # options beyond config.json (dtype, SP)
+
+
 def create_placement_group(config: TrainGroupConfig):
     import ray
     from ray.util.placement_group import placement_group
@@ -35,18 +50,22 @@ def create_placement_group(config: TrainGroupConfig):
     return group
 
 
-def release_ipc_memory() -> None:
-    """Free the dropped buckets' device memory. Every bucket is a fresh allocation, and torch keeps a block shared by
-    CUDA IPC unfreed while an engine still holds its handle; ipc_collect frees the blocks the engines have closed
-    and empty_cache hands the memory to colocated engines."""
-    import torch
+def split_for_data_parallel(samples: list, dp_size: int) -> list[list]:
+    """Longest sample first onto the rank with the fewest tokens so far: balanced work per rank."""
+    if dp_size <= 0:
+        raise ValueError(f"data-parallel size must be > 0, got {dp_size}")
+    if len(samples) < dp_size:
+        raise ValueError(f"{len(samples)} samples cannot feed {dp_size} data-parallel ranks")
+    shards: list[list] = [[] for _ in range(dp_size)]
+    loads = [0] * dp_size
+    for sample in sorted(samples, key=lambda s: -len(s.tokens)):
+        rank = min(range(dp_size), key=lambda r: (loads[r], len(shards[r])))
+        shards[rank].append(sample)
+        loads[rank] += len(sample.tokens)
+    return shards
 
-    if torch.cuda.is_available():
-        torch.cuda.ipc_collect()
-        torch.cuda.empty_cache()
 
-
-class TrainRank:
+class TrainRank(WeightSyncRank):
     """One Megatron rank inside a Ray actor (wrapped by ray.remote in RayTrainGroup)."""
 
     def __init__(self, rank: int, world_size: int, tp_size: int, master_port: int):
@@ -84,21 +103,14 @@ class TrainRank:
             load_model(model, weights_from)
         return model
 
-    def load_hf(
-        self, hf_checkpoint: str, actor_config, load: str | None = None, model_overrides: dict | None = None
-    ) -> None:
-        """The actor, initialised from the HF checkpoint or, with `load`, from a torch_dist checkpoint."""
-        from slime_search.backends.megatron.actor import MegatronActor
+    def load_models(self, source: ModelSource, actor_config) -> None:
+        """The actor, initialised from the HF checkpoint or `source.load`; the KL reference if asked for."""
+        from slime_search.backends.megatron.actor import MegatronActor, ReferenceModel
 
-        self.actor = MegatronActor(self._build(hf_checkpoint, load, model_overrides or {}), actor_config)
-
-    def load_reference(
-        self, hf_checkpoint: str, actor_config, ref_load: str | None = None, model_overrides: dict | None = None
-    ) -> None:
-        """The frozen reference policy for the KL term: `--ref-load` (torch_dist) or the HF weights."""
-        from slime_search.backends.megatron.actor import ReferenceModel
-
-        self.reference = ReferenceModel(self._build(hf_checkpoint, ref_load, model_overrides or {}), actor_config)
+        self.actor = MegatronActor(self._build(source.hf_checkpoint, source.load, source.model_overrides), actor_config)
+        if source.with_reference:
+            reference = self._build(source.hf_checkpoint, source.ref_load or source.load, source.model_overrides)
+            self.reference = ReferenceModel(reference, actor_config)
 
     def compute_ref_log_probs(self, samples) -> list[list[float]]:
         return self.reference.compute_log_probs(samples)
@@ -119,29 +131,6 @@ class TrainRank:
 
         return load_actor(self.actor, root)
 
-    def write_hf(self, original_hf: str, out_dir: str) -> str | None:
-        from slime_search.backends.megatron.model import uses_te_names
-        from slime_search.weight_sync import gather_full_megatron_state, write_hf_checkpoint
-
-        full = gather_full_megatron_state(self.actor.local_state_dict())
-        if self.rank != 0:
-            return None
-        write_hf_checkpoint(full, self.shape, original_hf, out_dir, te_names=uses_te_names(self.actor.model.module))
-        return out_dir
-
-    def connect_engines(self, engine_urls: list[str], ranks_per_engine: list[int], config) -> None:
-        """Rank 0 hosts the weight-update group the engines join (the other ranks only help gather)."""
-        import ray
-
-        from slime_search.backends.megatron.distributed import free_port
-        from slime_search.weight_broadcast import WeightBroadcaster
-
-        self.broadcast_config = config
-        if self.rank != 0:
-            return
-        self.broadcaster = WeightBroadcaster(config)
-        self.broadcaster.connect(engine_urls, ranks_per_engine, ray.util.get_node_ip_address(), free_port())
-
     def offload(self) -> int:
         """Give the device memory of the actor (and the KL reference) to colocated engines; returns bytes."""
         return sum(model.offload() for model in (self.actor, self.reference) if model is not None)
@@ -154,60 +143,16 @@ class TrainRank:
 
         return [str(i) for i in ray.get_gpu_ids()]
 
-    def _hf_buckets(self, bucket_bytes: int):
-        """The weights under HF names, streamed in buckets (collective over the tensor-parallel group)."""
-        from slime_search.backends.megatron.model import uses_te_names
-        from slime_search.weight_sync import iter_hf_buckets
-
-        te_names = uses_te_names(self.actor.model.module)
-        return iter_hf_buckets(self.actor.local_state_dict(), self.shape, te_names, bucket_bytes)
-
-    def broadcast_weights(self, weight_version: str) -> list[str] | None:
-        """Rank 0 broadcasts to every engine as the buckets are gathered; the other ranks help gather."""
-        buckets = self._hf_buckets(self.broadcast_config.bucket_bytes)
-        try:
-            return self.broadcaster.push_buckets(buckets, weight_version) if self.rank == 0 else None
-        finally:
-            for _ in buckets:  # gather to the end (also after a failed push) so that no rank waits for this one
-                pass
-
-    def prepare_weight_handles(self, bucket_bytes: int, serving_ranks: int) -> None:
-        """Tensor-handle sync, step 1: start streaming the weights; ranks below `serving_ranks` have an engine
-        on their device and hand it their buckets."""
-        from slime_search.weight_broadcast import with_last
-
-        self._handle_buckets = with_last(self._hf_buckets(bucket_bytes))
-        self._serves_engine = self.rank < serving_ranks
-        self._sent = None
-
-    def next_weight_handles(self) -> tuple[str | None, bool]:
-        """Step 2 (collective), called once the engines answered for the previous bucket, which is dropped: the
-        next bucket as handles (None on a rank without an engine) and whether it is the last one."""
-        from slime_search.weight_ipc import serialize_named_tensors
-
-        self._sent = None
-        release_ipc_memory()
-        self._sent, last = next(self._handle_buckets)
-        return (serialize_named_tensors(self._sent) if self._serves_engine else None), last
-
-    def finish_weight_handles(self) -> None:
-        self._handle_buckets, self._sent = None, None
-        release_ipc_memory()
-
-    def disconnect_engines(self) -> None:
-        if getattr(self, "broadcaster", None) is not None:
-            self.broadcaster.close()
-            self.broadcaster = None
-
 
 class RayTrainGroup:
     def __init__(self, config: TrainGroupConfig, placement_group=None):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from slime_search.backends.megatron.distributed import free_port
+        from slime_search.utils.net import free_port
 
         self.config = config
+        self.with_reference = False
         self.placement_group = placement_group or create_placement_group(config)
         remote = ray.remote(TrainRank)
         port = free_port()
@@ -222,32 +167,27 @@ class RayTrainGroup:
             for r in range(config.num_ranks)
         ]
 
-    def _per_rank(self, shards: list[list[Any]]) -> list[list[Any]]:
+    def on_all_ranks(self, method: str, *args) -> list[Any]:
+        """`method(*args)` on every rank at once; the answers in rank order."""
+        import ray
+
+        return ray.get([getattr(rank, method).remote(*args) for rank in self.ranks])
+
+    def _on_data_shards(self, method: str, shards: list[list[Any]]) -> list[Any]:
+        """`method(shard)` on every rank, each TP rank of a data-parallel group with that group's shard."""
+        import ray
+
         if len(shards) != self.config.dp_size:
             raise ValueError(f"{len(shards)} data shards for {self.config.dp_size} data-parallel ranks")
-        return [shards[r // self.config.tp_size] for r in range(self.config.num_ranks)]
+        per_rank = [shards[r // self.config.tp_size] for r in range(self.config.num_ranks)]
+        return ray.get([getattr(rank, method).remote(data) for rank, data in zip(self.ranks, per_rank, strict=True)])
 
-    def load_hf(
-        self, hf_checkpoint: str, actor_config, load: str | None = None, model_overrides: dict | None = None
-    ) -> None:
-        import ray
-
-        ray.get([rank.load_hf.remote(hf_checkpoint, actor_config, load, model_overrides) for rank in self.ranks])
-
-    def load_reference(
-        self, hf_checkpoint: str, actor_config, ref_load: str | None = None, model_overrides: dict | None = None
-    ) -> None:
-        import ray
-
-        ray.get(
-            [rank.load_reference.remote(hf_checkpoint, actor_config, ref_load, model_overrides) for rank in self.ranks]
-        )
+    def load_models(self, source: ModelSource, actor_config) -> None:
+        self.on_all_ranks("load_models", source, actor_config)
+        self.with_reference = source.with_reference
 
     def _log_probs(self, method: str, shards: list[list[Any]]) -> list[list[list[float]]]:
-        import ray
-
-        pairs = zip(self.ranks, self._per_rank(shards), strict=True)
-        results = ray.get([getattr(rank, method).remote(data) for rank, data in pairs])
+        results = self._on_data_shards(method, shards)
         return [results[d * self.config.tp_size] for d in range(self.config.dp_size)]
 
     def compute_log_probs(self, shards: list[list[Any]]) -> list[list[list[float]]]:
@@ -260,86 +200,47 @@ class RayTrainGroup:
 
     def train_step(self, shards: list[list[Any]]) -> dict[str, float]:
         """One optimizer step; returns rank 0's metrics with the loss summed over data-parallel ranks."""
-        import ray
-
-        results = ray.get(
-            [rank.train_step.remote(data) for rank, data in zip(self.ranks, self._per_rank(shards), strict=True)]
-        )
+        results = self._on_data_shards("train_step", shards)
         metrics = dict(results[0])
         metrics["loss"] = sum(results[d * self.config.tp_size]["loss"] for d in range(self.config.dp_size))
         return metrics
 
-    def save(self, root: str, iteration: int) -> None:
-        import ray
+    def train(self, samples: list[TrainSample], steps: int) -> dict[str, float]:
+        """Old (and, with a reference, reference) log-probs for the whole rollout, then `steps` optimizer steps on
+        equal consecutive parts of it; returns the steps' mean metrics under train/."""
+        dp_size = self.config.dp_size
+        shards = split_for_data_parallel(samples, dp_size)
+        for shard, log_probs in zip(shards, self.compute_log_probs(shards), strict=True):
+            for sample, values in zip(shard, log_probs, strict=True):
+                sample.old_log_probs = values
+        if self.with_reference:
+            for shard, log_probs in zip(shards, self.compute_ref_log_probs(shards), strict=True):
+                for sample, values in zip(shard, log_probs, strict=True):
+                    sample.ref_log_probs = values
+        per_step = len(samples) // steps
+        metrics: dict[str, float] = {}
+        for k in range(steps):
+            chunk = split_for_data_parallel(samples[k * per_step : (k + 1) * per_step], dp_size)
+            for name, value in self.train_step(chunk).items():
+                metrics[f"train/{name}"] = metrics.get(f"train/{name}", 0.0) + value / steps
+        return metrics
 
-        ray.get([rank.save.remote(root, iteration) for rank in self.ranks])
+    def save(self, root: str, iteration: int) -> None:
+        self.on_all_ranks("save", root, iteration)
 
     def load(self, root: str) -> int:
-        import ray
-
-        return ray.get([rank.load.remote(root) for rank in self.ranks])[0]
-
-    def write_hf(self, original_hf: str, out_dir: str) -> str:
-        import ray
-
-        return ray.get([rank.write_hf.remote(original_hf, out_dir) for rank in self.ranks])[0]
-
-    def connect_engines(self, engine_urls: list[str], ranks_per_engine: list[int], config) -> None:
-        """Set up broadcast weight sync (`slime_search.weight_broadcast`) from rank 0 to these engines."""
-        import ray
-
-        ray.get([rank.connect_engines.remote(engine_urls, ranks_per_engine, config) for rank in self.ranks])
-
-    def broadcast_weights(self, weight_version: str) -> list[str]:
-        """Push the current weights to every engine; returns the versions the engines report."""
-        import ray
-
-        return ray.get([rank.broadcast_weights.remote(weight_version) for rank in self.ranks])[0]
-
-    def disconnect_engines(self) -> None:
-        import ray
-
-        ray.get([rank.disconnect_engines.remote() for rank in self.ranks])
+        return self.on_all_ranks("load", root)[0]
 
     def offload(self) -> int:
         """Every rank gives its device memory to colocated engines; returns the bytes released on rank 0."""
-        import ray
-
-        return ray.get([rank.offload.remote() for rank in self.ranks])[0]
+        return self.on_all_ranks("offload")[0]
 
     def onload(self) -> int:
-        import ray
-
-        return ray.get([rank.onload.remote() for rank in self.ranks])[0]
+        return self.on_all_ranks("onload")[0]
 
     def gpu_ids(self) -> list[str]:
         """The GPUs of the ranks in rank order (physical ids, as CUDA_VISIBLE_DEVICES takes them)."""
-        import ray
-
-        return [i for ids in ray.get([rank.gpu_ids.remote() for rank in self.ranks]) for i in ids]
-
-    def prepare_weight_handles(self, bucket_bytes: int, serving_ranks: int) -> None:
-        """Tensor-handle sync (`slime_search.weight_ipc`): the first `serving_ranks` ranks serve engines."""
-        import ray
-
-        if serving_ranks > self.config.num_ranks:
-            raise ValueError(f"engines sit on {serving_ranks} trainer ranks but there are {self.config.num_ranks}")
-        ray.get([rank.prepare_weight_handles.remote(bucket_bytes, serving_ranks) for rank in self.ranks])
-
-    def next_weight_handles(self) -> tuple[list[str | None], bool]:
-        """The next bucket's handles from every rank, and whether it is the last bucket."""
-        import ray
-
-        answers = ray.get([rank.next_weight_handles.remote() for rank in self.ranks])
-        lasts = {last for _, last in answers}
-        if len(lasts) != 1:
-            raise RuntimeError("trainer ranks disagree on where the weights end; their models differ")
-        return [entry for entry, _ in answers], lasts.pop()
-
-    def finish_weight_handles(self) -> None:
-        import ray
-
-        ray.get([rank.finish_weight_handles.remote() for rank in self.ranks])
+        return [i for ids in self.on_all_ranks("gpu_ids") for i in ids]
 
     def shutdown(self) -> None:
         import ray

@@ -6,6 +6,7 @@ and resuming at (epoch, offset) reproduces exactly the prompts an uninterrupted 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,35 @@ class PromptItem:
     metadata: dict[str, Any]
 
 
+class DataSourceError(RuntimeError):
+    """A data file could not be read; the message says what to do."""
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise DataSourceError(f"{path}:{line_no}: not valid JSON ({err.msg})") from err
+    return rows
+
+
+def read_prompt_file(path: str | Path) -> list[dict[str, Any]]:
+    """Read Search-R1 rows from parquet or jsonl."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if path.suffix in (".jsonl", ".json"):
+        return read_jsonl(path)
+    raise DataSourceError(f"unsupported prompt file {path}: expected .parquet or .jsonl")
+
+
 def split_row_range(path: str) -> tuple[str, slice]:
     """slime's `FILE@[start:end]` (either bound optional) selects rows of a file; a plain path selects all."""
     import re
@@ -43,8 +73,6 @@ def split_row_range(path: str) -> tuple[str, slice]:
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
-    from slime_search.search_r1.qa_data import read_prompt_file
-
     file, rows = split_row_range(str(path))
     if not Path(file).is_file():
         raise FileNotFoundError(f"prompt data not found: {file}")

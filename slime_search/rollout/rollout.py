@@ -1,6 +1,5 @@
 """One rollout: n samples per prompt through the generate and reward plugins, optional filtering of groups
-without signal (with over-sampling to keep the batch full), GRPO advantages by group, and the split of the
-batch across data-parallel ranks balanced by tokens.
+without signal (with over-sampling to keep the batch full), and GRPO advantages by group.
 """
 
 from __future__ import annotations
@@ -158,18 +157,3 @@ def assign_advantages(samples: list[Sample], reward_key: str, normalize_std: boo
     ):
         sample.metadata["advantage"] = advantage
     return trainable
-
-
-def split_for_data_parallel(samples: list[Sample], dp_size: int) -> list[list[Sample]]:
-    """Longest sample first onto the rank with the fewest tokens so far: balanced work per rank."""
-    if dp_size <= 0:
-        raise ValueError(f"data-parallel size must be > 0, got {dp_size}")
-    if len(samples) < dp_size:
-        raise ValueError(f"{len(samples)} samples cannot feed {dp_size} data-parallel ranks")
-    shards: list[list[Sample]] = [[] for _ in range(dp_size)]
-    loads = [0] * dp_size
-    for sample in sorted(samples, key=lambda s: -len(s.tokens)):
-        rank = min(range(dp_size), key=lambda r: (loads[r], len(shards[r])))
-        shards[rank].append(sample)
-        loads[rank] += len(sample.tokens)
-    return shards

@@ -1,10 +1,19 @@
-"""Search-R1 task settings, from CLI flags (`--search-backend`, `--search-url`, `--max-turns`, ...)."""
+"""Search-R1 task settings, from CLI flags (`--search-backend`, `--search-url`, `--max-turns`, ...).
+
+The plugins receive the parsed flags with every sample (slime's contract); they build their typed settings once per
+rollout (`PerRollout`), and a flag missing from the parser is an error that names it, never a silent default.
+"""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
-from typing import Any
+import asyncio
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 SEARCH_BACKENDS = ("local", "serper")
 
@@ -56,6 +65,8 @@ class SearchR1Config:
 
     @classmethod
     def from_args(cls, args: Any) -> SearchR1Config:
+        """The engine address is the manager's `engine_url` (or slime's router address); the tokenizer is the
+        HF checkpoint's; every other field is the flag of the same name."""
         engine_url = getattr(args, "engine_url", None) or getattr(args, "sglang_router_url", None)
         if not engine_url:
             ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
@@ -65,10 +76,53 @@ class SearchR1Config:
         tokenizer_path = getattr(args, "hf_checkpoint", None) or getattr(args, "tokenizer_path", None)
         if not tokenizer_path:
             raise ValueError("no tokenizer: set --hf-checkpoint (an HF folder with the tokenizer)")
-        defaults = cls(engine_url="", tokenizer_path="")
-        fields = {
-            name: getattr(args, name, getattr(defaults, name))
-            for name in cls.__dataclass_fields__
-            if name not in ("engine_url", "tokenizer_path")
-        }
-        return cls(engine_url=engine_url, tokenizer_path=str(tokenizer_path), **fields)
+        names = [f.name for f in fields(cls) if f.name not in ("engine_url", "tokenizer_path")]
+        return cls(engine_url=engine_url, tokenizer_path=str(tokenizer_path), **flags_from(args, names))
+
+
+def flags_from(args: Any, names: list[str]) -> dict[str, Any]:
+    """The values of these flags; an error naming every flag the parser did not define."""
+    missing = [name for name in names if not hasattr(args, name)]
+    if missing:
+        flags = ", ".join(_flag_name(name) for name in missing)
+        raise AttributeError(
+            f"the parsed flags lack {flags}: build the parser with slime_search.search_r1.config."
+            "add_search_r1_arguments (and --apply-chat-template)"
+        )
+    return {name: getattr(args, name) for name in names}
+
+
+def _flag_name(dest: str) -> str:
+    parser = add_search_r1_arguments(argparse.ArgumentParser())
+    for action in parser._actions:
+        if action.dest == dest and action.option_strings:
+            return action.option_strings[0]
+    return "--" + dest.replace("_", "-")
+
+
+def search_r1_args(**values: Any) -> argparse.Namespace:
+    """The task's flags at their defaults, with `values` on top: the `args` a plugin gets from the training CLI
+    (for tools and tests that call the plugins directly)."""
+    args = add_search_r1_arguments(argparse.ArgumentParser()).parse_args([])
+    return argparse.Namespace(**{"apply_chat_template": False, **vars(args), **values})
+
+
+class PerRollout(Generic[T]):
+    """A value a plugin builds from `args` once per rollout. A rollout is one event loop (the RolloutManager runs each
+    in its own), so the value is kept per running loop, and forgotten with the loop or by `pop()`."""
+
+    def __init__(self, build: Callable[[Any], T]):
+        self._build = build
+        self._values: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get(self, args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        built_from, value = self._values.get(loop, (None, None))
+        if built_from is not args:
+            value = self._build(args)
+            self._values[loop] = (args, value)
+        return value
+
+    def pop(self) -> T | None:
+        """Forget (and return) the value of the running loop's rollout."""
+        return self._values.pop(asyncio.get_running_loop(), (None, None))[1]

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from slime_search.rollout.engine_client import EngineClient, EngineClientConfig
-from slime_search.search_r1.config import SearchR1Config
+from slime_search.engines.client import EngineClient, EngineClientConfig
+from slime_search.search_r1.config import PerRollout, SearchR1Config
 from slime_search.search_r1.search_clients import (
     LocalSearchClient,
     LocalSearchConfig,
@@ -85,34 +85,52 @@ class _Resources:
     # Held only around engine calls: a trajectory waiting on its search gives its generation slot to another.
     generation_slots: asyncio.Semaphore
 
-
-# Connection pools are per event loop and per configuration; they live as long as the rollout process.
-_RESOURCES: dict[tuple[SearchR1Config, int], _Resources] = {}
-
-
-def resources_for(config: SearchR1Config) -> _Resources:
-    key = (config, id(asyncio.get_running_loop()))
-    if key not in _RESOURCES:
+    @classmethod
+    def open(cls, config: SearchR1Config) -> _Resources:
         if config.search_backend == "local":
             search = LocalSearchClient(LocalSearchConfig(url=config.search_url, topk=config.search_topk))
         else:
             search = SerperClient(SerperConfig(topk=config.search_topk, snippet_only=config.search_snippet_only))
-        _RESOURCES[key] = _Resources(
+        return cls(
             EngineClient(EngineClientConfig(config.engine_url)),
             search,
             asyncio.Semaphore(config.search_concurrency),
             asyncio.Semaphore(config.generation_concurrency),
         )
-    return _RESOURCES[key]
+
+    async def close(self) -> None:
+        await self.engine.close()
+        await self.search.close()
+
+
+@dataclass
+class Session:
+    """What every trajectory of one rollout shares: the settings, the tokenizer, the pooled clients."""
+
+    config: SearchR1Config
+    tokenizer: Any
+    resources: _Resources
+
+
+def open_session(args: Any) -> Session:
+    config = SearchR1Config.from_args(args)
+    return Session(config, load_tokenizer(config.tokenizer_path), _Resources.open(config))
+
+
+# Built on a rollout's first sample, closed at its end by close_resources (the plugin contract's end-of-rollout hook).
+_SESSIONS: PerRollout[Session] = PerRollout(open_session)
+
+
+def session_for(args: Any) -> Session:
+    """This rollout's session (call inside the rollout's event loop)."""
+    return _SESSIONS.get(args)
 
 
 async def close_resources() -> None:
-    """Close the pools created in the running loop (call at the end of a rollout process)."""
-    loop_id = id(asyncio.get_running_loop())
-    for key in [k for k in _RESOURCES if k[1] == loop_id]:
-        res = _RESOURCES.pop(key)
-        await res.engine.close()
-        await res.search.close()
+    """Close the running rollout's connection pools (the rollout manager calls it at the end of every rollout)."""
+    session = _SESSIONS.pop()
+    if session is not None:
+        await session.resources.close()
 
 
 def prompt_ids(sample: Sample, tokenizer, apply_chat_template: bool) -> list[int]:
@@ -136,10 +154,8 @@ def _turn_sampling_params(sampling_params: dict, remaining: int) -> dict:
 
 
 async def generate(args: Any, sample: Sample, sampling_params: dict) -> Sample:
-    config = SearchR1Config.from_args(args)
-    tokenizer = load_tokenizer(config.tokenizer_path)
-    res = resources_for(config)
-    return await run_trajectory(config, tokenizer, res, sample, sampling_params)
+    session = session_for(args)
+    return await run_trajectory(session.config, session.tokenizer, session.resources, sample, sampling_params)
 
 
 async def run_trajectory(

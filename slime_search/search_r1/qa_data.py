@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from slime_search.rollout.data_source import DataSourceError, read_jsonl
 from slime_search.search_r1.prompt import make_row
 
 logger = logging.getLogger(__name__)
@@ -17,23 +17,6 @@ SEARCH_R1_TRAIN_SOURCES = ("nq", "hotpotqa")
 SEARCH_R1_TEST_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 # Search-R1's test merge takes each set's test split, else dev, else train.
 TEST_SPLIT_PREFERENCE = ("test", "dev", "train")
-
-
-class DataSourceError(RuntimeError):
-    """A QA set could not be read; the message says what to do."""
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise DataSourceError(f"{path}:{line_no}: not valid JSON ({err.msg})") from err
-    return rows
 
 
 def find_local_file(local: list[str], source: str, splits: Iterable[str]) -> tuple[Path, str] | None:
@@ -112,15 +95,3 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     pq.write_table(pa.Table.from_pylist(rows), tmp)
     tmp.replace(path)  # never leave a half-written parquet behind
-
-
-def read_prompt_file(path: str | Path) -> list[dict[str, Any]]:
-    """Read Search-R1 rows from parquet or jsonl."""
-    path = Path(path)
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    if path.suffix in (".jsonl", ".json"):
-        return read_jsonl(path)
-    raise DataSourceError(f"unsupported prompt file {path}: expected .parquet or .jsonl")

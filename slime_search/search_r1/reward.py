@@ -22,6 +22,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from slime_search.search_r1.config import PerRollout, flags_from
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -215,19 +217,18 @@ def golden_answers_of(label: Any) -> list[str]:
     return [str(item) for item in list(label)]
 
 
+REWARD_FLAGS = ["structure_format_score", "final_format_score", "retrieval_score", "max_answer_tags"]
+
+
 def reward_config_from_args(args: Any) -> RewardConfig:
-    """Build the reward config from parsed CLI flags; flags that are absent keep the pure-EM defaults."""
-    defaults = RewardConfig()
-    return RewardConfig(
-        score=getattr(args, "reward_score", defaults.score),
-        structure_format_score=getattr(args, "structure_format_score", defaults.structure_format_score),
-        final_format_score=getattr(args, "final_format_score", defaults.final_format_score),
-        retrieval_score=getattr(args, "retrieval_score", defaults.retrieval_score),
-        max_answer_tags=getattr(args, "max_answer_tags", defaults.max_answer_tags),
-    )
+    """The reward shaping flags (--structure-format-score, ...); a flag the parser lacks is an error."""
+    return RewardConfig(**flags_from(args, REWARD_FLAGS))
+
+
+_REWARD_CONFIGS: PerRollout[RewardConfig] = PerRollout(reward_config_from_args)
 
 
 async def reward_func(args: Any, sample: Any, **kwargs: Any) -> dict[str, Any]:
     """slime's reward plugin signature. Returns the breakdown; its "score" is the training reward."""
-    breakdown = qa_em_format_score(sample.response, golden_answers_of(sample.label), reward_config_from_args(args))
-    return breakdown.as_dict()
+    config = _REWARD_CONFIGS.get(args)
+    return qa_em_format_score(sample.response, golden_answers_of(sample.label), config).as_dict()

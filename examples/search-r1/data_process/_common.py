@@ -32,7 +32,8 @@ def parse_args(description: str, default_sources: tuple[str, ...], default_dir: 
 def run(build, args: argparse.Namespace, splits: tuple[str, ...], out_split: str, filename: str) -> int:
     """Build and write one parquet file; a data error prints one line and exits 2, with no traceback."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from slime_search.search_r1.qa_data import DataSourceError, write_parquet
+    from slime_search.rollout.data_source import DataSourceError
+    from slime_search.search_r1.qa_data import write_parquet
 
     sources = [s.strip() for s in args.data_sources.split(",") if s.strip()]
     out = Path(args.local_dir) / filename

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 import torch
 
 from slime_search.backends.megatron.logprobs import token_log_probs
-from slime_search.backends.megatron.loss import LossConfig, TrainSample, micro_batch_loss, response_logits_and_targets
+from slime_search.backends.megatron.loss import LossConfig, micro_batch_loss, response_logits_and_targets
 from slime_search.backends.megatron.offload import StorageOffloader, model_tensors, optimizer_tensors
 from slime_search.backends.megatron.optimizer import OptimConfig, build_optimizer
 from slime_search.backends.megatron.packing import PackedBatch, pack, split_by_token_budget
+from slime_search.types import TrainSample
 
 
 @dataclass(frozen=True)

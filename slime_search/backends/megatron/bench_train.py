@@ -37,10 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     from megatron_bridge import Qwen2Shape
     from megatron_bridge.param_count import count_parameters
     from slime_search.backends.megatron.actor import ActorConfig, MegatronActor
-    from slime_search.backends.megatron.distributed import free_port, init_megatron
-    from slime_search.backends.megatron.loss import LossConfig, TrainSample
+    from slime_search.backends.megatron.distributed import init_megatron
+    from slime_search.backends.megatron.loss import LossConfig
     from slime_search.backends.megatron.model import ModelOptions, build_gpt_model
     from slime_search.backends.megatron.optimizer import OptimConfig
+    from slime_search.types import TrainSample
+    from slime_search.utils.net import free_port
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     init_megatron(rank, world, tp_size=args.tp, master_port=int(os.environ.get("MASTER_PORT", free_port())))

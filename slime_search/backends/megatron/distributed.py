@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 
 import torch
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def init_megatron(rank: int, world_size: int, tp_size: int, master_port: int, seed: int = 1234) -> None:

@@ -21,6 +21,7 @@ from slime_search.algo import (
 )
 from slime_search.backends.megatron.logprobs import entropy, token_log_probs
 from slime_search.backends.megatron.packing import PackedBatch
+from slime_search.types import TrainSample
 
 LOSS_TYPES = ("policy_loss", "sft")
 
@@ -46,19 +47,6 @@ class LossConfig:
             raise ValueError(f"unknown --loss-type {self.loss_type!r}; valid: {', '.join(LOSS_TYPES)}")
         if self.use_tis and self.mis is not None:
             raise ValueError("choose vanilla TIS (--use-tis) or the general MIS configuration, not both")
-
-
-@dataclass
-class TrainSample:
-    """What the trainer needs of a rollout sample; per-token lists cover the response only."""
-
-    tokens: list[int]
-    response_length: int
-    loss_mask: list[int]
-    advantage: float = 0.0
-    rollout_log_probs: list[float] | None = None
-    old_log_probs: list[float] | None = None
-    ref_log_probs: list[float] | None = None
 
 
 def response_logits_and_targets(logits: torch.Tensor, packed: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:

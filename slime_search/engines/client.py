@@ -1,0 +1,132 @@
+"""One shared async HTTP client for SGLang-API engines (SGLang's router on GPU, the CPU engine server on CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class EngineError(RuntimeError):
+    """The engine answered with an error or could not be reached."""
+
+
+@dataclass(frozen=True)
+class EngineClientConfig:
+    base_url: str
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    max_connections: int = 1024
+
+
+class EngineClient:
+    """Pooled connections, created lazily inside the running event loop; close() when done."""
+
+    def __init__(self, config: EngineClientConfig):
+        self.config = config
+        self._session = None
+        self._loop = None
+
+    async def _get_session(self):
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            timeout = aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s)
+            connector = aiohttp.TCPConnector(limit=self.config.max_connections)
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
+            self._loop = loop
+        return self._session
+
+    async def _request(self, method: str, path: str, payload: dict | None = None) -> dict:
+        import aiohttp
+
+        session = await self._get_session()
+        url = f"{self.config.base_url}{path}"
+        try:
+            async with session.request(method, url, json=payload) as response:
+                body = await response.json(content_type=None)
+                if response.status >= 400:
+                    raise EngineError(f"{method} {path} -> HTTP {response.status}: {body}")
+                return body
+        except (TimeoutError, aiohttp.ClientError) as err:
+            raise EngineError(f"{method} {url} failed: {type(err).__name__}: {err}") from err
+
+    async def generate(
+        self,
+        sampling_params: dict[str, Any],
+        *,
+        input_ids: list[int] | None = None,
+        text: str | None = None,
+        return_logprob: bool = True,
+        rid: str | None = None,
+    ) -> dict:
+        if (input_ids is None) == (text is None):
+            raise ValueError("pass exactly one of input_ids or text")
+        payload: dict[str, Any] = {"sampling_params": sampling_params, "return_logprob": return_logprob}
+        payload["input_ids" if input_ids is not None else "text"] = input_ids if input_ids is not None else text
+        if rid is not None:
+            payload["rid"] = rid
+        return await self._request("POST", "/generate", payload)
+
+    async def health(self) -> dict:
+        return await self._request("GET", "/health")
+
+    async def model_info(self) -> dict:
+        return await self._request("GET", "/get_model_info")
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> dict:
+        payload: dict[str, Any] = {"model_path": model_path}
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        return await self._request("POST", "/update_weights_from_disk", payload)
+
+    async def weight_version(self) -> str:
+        """The weight version the engine serves (SGLang's GET /get_weight_version)."""
+        return str((await self._request("GET", "/get_weight_version"))["weight_version"])
+
+    async def release_memory(self, tags: list[str] | None = None) -> dict:
+        """SGLang's memory hand-over to a colocated trainer; tags: weights, kv_cache, cuda_graph (None: all)."""
+        return await self._request("POST", "/release_memory_occupation", {"tags": tags})
+
+    async def resume_memory(self, tags: list[str] | None = None) -> dict:
+        return await self._request("POST", "/resume_memory_occupation", {"tags": tags})
+
+    async def post(self, path: str, payload: dict[str, Any]) -> dict:
+        """Any other POST of SGLang's API (the weight-update group calls, for example)."""
+        return await self._request("POST", path, payload)
+
+    async def flush_cache(self) -> dict:
+        return await self._request("POST", "/flush_cache")
+
+    async def abort(self, rid: str | None = None) -> dict:
+        return await self._request("POST", "/abort_request", {"rid": rid} if rid else {"abort_all": True})
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+
+async def call_engine(url: str, method: str, *args, **kwargs):
+    """One EngineClient call on a short-lived client: weight sync and memory hand-over are once per step, so they
+    need no pooled connections."""
+    client = EngineClient(EngineClientConfig(url))
+    try:
+        return await getattr(client, method)(*args, **kwargs)
+    finally:
+        await client.close()
+
+
+async def on_every_engine(urls: list[str], call: Callable[[str], Awaitable[T]]) -> list[T]:
+    """`call(url)` for every engine, concurrently; the answers in the order of `urls`."""
+    return list(await asyncio.gather(*(call(url) for url in urls)))
+
+
+def check_success(url: str, what: str, answer: dict) -> dict:
+    """SGLang's control endpoints answer {"success": bool, "message": str}; a failure becomes an EngineError."""
+    if not answer.get("success", False):
+        raise EngineError(f"engine {url}: {what} failed: {answer.get('message', answer)}")
+    return answer

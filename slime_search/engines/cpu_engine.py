@@ -1,0 +1,258 @@
+"""A CPU inference engine over a transformers causal LM: batched prefill and decode with a KV cache.
+
+It is the rollout engine of CPU runs and tests, answering the same questions SGLang answers on GPU: for a
+batch of token-id prompts with per-request sampling parameters, the generated ids, their log-probs at the
+rollout temperature, the text, and why each generation stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from slime_search.engines.sampling import SamplingParams, sample_tokens
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationRequest:
+    input_ids: list[int]
+    params: SamplingParams
+    rid: str = ""
+
+
+@dataclass
+class GenerationResult:
+    output_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: dict = field(default_factory=dict)
+    prompt_tokens: int = 0
+    weight_version: str = ""
+
+
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's; the CPU engine holds memory only for weights
+
+
+class EngineNotReady(RuntimeError):
+    """The engine cannot generate now: its weights are released, or resumed but not yet all updated."""
+
+
+class CpuEngine:
+    def __init__(self, model_path: str | Path, seed: int = 0, weight_version: str = "0"):
+        from transformers import AutoTokenizer
+
+        self.model_path = str(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.model = self._load_model(self.model_path)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.weight_version = weight_version
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.eos_ids = self._eos_ids()
+        self._aborted: set[str] = set()
+        self._abort_all = False
+        self._lock = threading.Lock()
+        self.released: set[str] = set()  # memory tags given back (SGLang's release_memory_occupation)
+        self.stale: set[str] = set()  # weights resumed but not updated since (their values are undefined)
+
+    @staticmethod
+    def _load_model(path: str):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(int(i) for i in source)
+        return ids
+
+    # ---- control, callable from any thread --------------------------------------------------------------------
+    def abort(self, rid: str | None) -> None:
+        with self._lock:
+            if rid:
+                self._aborted.add(rid)
+            else:
+                self._abort_all = True
+
+    def _is_aborted(self, rid: str) -> bool:
+        with self._lock:
+            return self._abort_all or rid in self._aborted
+
+    # ---- memory hand-over with a colocated trainer (call between generations only) ---------------------------
+    @staticmethod
+    def _check_tags(tags: list[str] | None) -> set[str]:
+        tags = set(MEMORY_TAGS if tags is None else tags)
+        unknown = sorted(tags - set(MEMORY_TAGS))
+        if unknown:
+            raise ValueError(f"unknown memory tags {unknown} (known: {', '.join(MEMORY_TAGS)})")
+        return tags
+
+    def release_memory(self, tags: list[str] | None = None) -> None:
+        """Give back the memory of `tags` (all by default). Released weights are dropped, not kept anywhere."""
+        tags = self._check_tags(tags)
+        if "weights" in tags and "weights" not in self.released:
+            self._shapes = {name: param.shape for name, param in self.model.named_parameters()}
+            for param in self.model.parameters():
+                param.data = torch.empty(0, dtype=param.dtype)
+        self.released |= tags
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        """Take the memory back. Resumed weights hold zeros until every one of them has been updated."""
+        tags = self._check_tags(tags)
+        if "weights" in tags and "weights" in self.released:
+            for name, param in self.model.named_parameters():
+                param.data = torch.zeros(self._shapes[name], dtype=param.dtype)
+            self.stale = set(self._shapes)
+        self.released -= tags
+
+    def _check_ready(self) -> None:
+        if "weights" in self.released:
+            raise EngineNotReady("weights are released: POST /resume_memory_occupation, then update the weights")
+        if self.stale:
+            raise EngineNotReady(
+                f"weights were resumed but {len(self.stale)} tensors have not been updated since "
+                f"(e.g. {sorted(self.stale)[0]})"
+            )
+
+    def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> str:
+        """Load new weights (HF safetensors dir) of the same architecture; call between generations only."""
+        if "weights" in self.released:
+            raise ValueError("weights are released: POST /resume_memory_occupation first")
+        new = self._load_model(model_path)
+        if new.config.to_dict() | {"_name_or_path": ""} != self.model.config.to_dict() | {"_name_or_path": ""}:
+            differing = sorted(k for k, v in new.config.to_dict().items() if self.model.config.to_dict().get(k) != v)
+            raise ValueError(f"checkpoint at {model_path} has a different model config ({', '.join(differing[:5])})")
+        self.model = new
+        self.model_path = model_path
+        self.stale = set()
+        self.weight_version = weight_version if weight_version is not None else str(int(self.weight_version) + 1)
+        return self.weight_version
+
+    @torch.no_grad()
+    def load_named_tensors(self, tensors: dict[str, torch.Tensor], weight_version: str | None = None) -> str:
+        """Copy HF-named tensors into the model (some or all of them); every name and shape is checked before
+        anything is copied. The version changes only when `weight_version` is given (the last bucket)."""
+        if "weights" in self.released:
+            raise ValueError("weights are released: POST /resume_memory_occupation first")
+        state = self.model.state_dict()
+        unknown = sorted(name for name in tensors if name not in state)
+        if unknown:
+            raise ValueError(f"the model has no weights named {', '.join(unknown[:5])}")
+        wrong = [
+            f"{n} {list(t.shape)} (model: {list(state[n].shape)})"
+            for n, t in tensors.items()
+            if t.shape != state[n].shape
+        ]
+        if wrong:
+            raise ValueError(f"shape mismatch: {'; '.join(wrong[:5])}")
+        for name, tensor in tensors.items():
+            state[name].copy_(tensor)
+        self.stale -= set(tensors)
+        if weight_version is not None:
+            self.weight_version = weight_version
+        return self.weight_version
+
+    # ---- generation -------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        from transformers import DynamicCache
+
+        if not requests:
+            return []
+        self._check_ready()
+        with self._lock:  # an abort-all applies to what was queued before it, not to later requests
+            self._abort_all = False
+        batch = len(requests)
+        lengths = [len(r.input_ids) for r in requests]
+        width = max(lengths)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((batch, width), dtype=torch.long)
+        for row, request in enumerate(requests):  # left padding: every row's next token is at the last column
+            input_ids[row, width - lengths[row] :] = torch.tensor(request.input_ids, dtype=torch.long)
+            attention[row, width - lengths[row] :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp_min(0)
+        temperature = torch.tensor([r.params.temperature for r in requests], dtype=torch.float32)
+        top_p = torch.tensor([r.params.top_p for r in requests], dtype=torch.float32)
+        top_k = torch.tensor([r.params.top_k for r in requests], dtype=torch.long)
+        results = [GenerationResult(prompt_tokens=n, weight_version=self.weight_version) for n in lengths]
+        active = [self._finish_if_empty(req, res) for req, res in zip(requests, results, strict=True)]
+
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        while any(active):
+            tokens, log_probs = sample_tokens(out.logits[:, -1], temperature, top_p, top_k, self.generator)
+            for row, request in enumerate(requests):
+                if active[row]:
+                    active[row] = self._append(request, results[row], int(tokens[row]), float(log_probs[row]))
+            if not any(active):
+                break
+            attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = self.model(
+                input_ids=tokens.unsqueeze(-1),
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        with self._lock:
+            self._aborted.difference_update(r.rid for r in requests)
+        return results
+
+    def _finish_if_empty(self, request: GenerationRequest, result: GenerationResult) -> bool:
+        if request.params.max_new_tokens == 0:
+            result.finish_reason = {"type": "length", "length": 0}
+            return False
+        if self._is_aborted(request.rid):
+            result.finish_reason = {"type": "abort", "message": "aborted before start"}
+            return False
+        return True
+
+    def _append(self, request: GenerationRequest, result: GenerationResult, token: int, log_prob: float) -> bool:
+        """Record one generated token; return whether the row continues."""
+        params = request.params
+        result.output_ids.append(token)
+        result.log_probs.append(log_prob)
+        # Decoding every step costs O(n) per token; only stop strings need the running text.
+        text = (
+            self.tokenizer.decode(result.output_ids, skip_special_tokens=params.skip_special_tokens)
+            if params.stop
+            else None
+        )
+        reason = None
+        if token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos):
+            reason = {"type": "stop", "matched": token}
+        else:
+            hits = [(text.find(s), s) for s in params.stop if s in text] if text is not None else []
+            if hits:
+                position, matched = min(hits)
+                reason = {"type": "stop", "matched": matched}
+                if not params.no_stop_trim:
+                    text = text[:position]
+            elif len(result.output_ids) >= params.max_new_tokens:
+                reason = {"type": "length", "length": len(result.output_ids)}
+            elif self._is_aborted(request.rid):
+                reason = {"type": "abort", "message": "aborted by request"}
+        if reason is None:
+            return True
+        if text is None:
+            text = self.tokenizer.decode(result.output_ids, skip_special_tokens=params.skip_special_tokens)
+        result.text = text
+        result.finish_reason = reason
+        return False

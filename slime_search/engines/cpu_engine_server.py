@@ -1,0 +1,378 @@
+"""SGLang's native HTTP API, served on CPU by a transformers model (the rollout engine of CPU runs and tests).
+
+    python -m slime_search.engines.cpu_engine_server --model-path CKPT [--port 30000] [--max-batch-size 32]
+
+Endpoints: POST /generate, GET /health, GET /health_generate, GET /get_model_info,
+POST /update_weights_from_disk, GET /get_weight_version, POST /flush_cache, POST /abort_request, and the
+broadcast weight sync (POST /init_weights_update_group, /update_weights_from_distributed,
+/destroy_weights_update_group) over gloo, POST /update_weights_from_tensor with shared-memory handles, and
+POST /release_memory_occupation and /resume_memory_occupation for a colocated trainer. Concurrent /generate requests are
+collected for a few milliseconds and run as one batch (shared prefill and decode passes over a KV cache).
+Weight updates run on the same worker, between batches, so no generation ever mixes two weight versions.
+"""
+
+# No `from __future__ import annotations`: FastAPI resolves the handlers' annotations at run time.
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from slime_search.engines.sampling import SamplingParams
+from slime_search.utils.batching import WorkerBatcher, resolve
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineServerConfig:
+    max_batch_size: int = 32
+    max_wait_ms: float = 5.0
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def parse_generate(body: Any, tokenizer, vocab_size: int, max_positions: int):
+    """Validate a /generate body into (input_ids, SamplingParams, return_logprob, rid)."""
+    from slime_search.engines.cpu_engine import GenerationRequest
+
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    if body.get("stream"):
+        raise BadRequest("streaming is not supported by the CPU engine")
+    if ("input_ids" in body) == ("text" in body):
+        raise BadRequest("give exactly one of 'input_ids' or 'text'")
+    if "text" in body:
+        if not isinstance(body["text"], str):
+            raise BadRequest("'text' must be a string (batched prompts: send one request each)")
+        input_ids = tokenizer.encode(body["text"], add_special_tokens=False)
+    else:
+        input_ids = body["input_ids"]
+        if not isinstance(input_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in input_ids
+        ):
+            raise BadRequest("'input_ids' must be a list of integers (batched prompts: send one request each)")
+    if not input_ids:
+        raise BadRequest("the prompt is empty")
+    bad = [t for t in input_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise BadRequest(f"token ids out of range [0, {vocab_size}): {bad[:5]}")
+    try:
+        params = SamplingParams.from_request(body.get("sampling_params"))
+    except (TypeError, ValueError) as err:
+        raise BadRequest(f"bad sampling_params: {err}") from err
+    if len(input_ids) + params.max_new_tokens > max_positions:
+        raise BadRequest(
+            f"prompt ({len(input_ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds the context of {max_positions}"
+        )
+    rid = str(body.get("rid") or uuid.uuid4().hex)
+    return GenerationRequest(input_ids, params, rid), bool(body.get("return_logprob", False))
+
+
+def format_result(request, result, return_logprob: bool) -> dict:
+    meta = {
+        "id": request.rid,
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": len(result.output_ids),
+        "weight_version": result.weight_version,
+    }
+    if return_logprob:
+        meta["output_token_logprobs"] = [
+            [lp, tok, None] for lp, tok in zip(result.log_probs, result.output_ids, strict=True)
+        ]
+    return {"text": result.text, "output_ids": result.output_ids, "meta_info": meta}
+
+
+class GenerationBatcher(WorkerBatcher):
+    """Generation requests batched onto the thread that owns the engine."""
+
+    def __init__(self, engine, config: EngineServerConfig):
+        super().__init__(config.max_batch_size, config.max_wait_ms / 1000.0, "engine")
+        self.engine = engine
+
+    async def process(self, batch) -> None:
+        try:
+            results = await self.run_in_worker(self.engine.generate, [request for request, _ in batch])
+        except Exception as err:  # noqa: BLE001 - the batch's requests fail; the server carries on
+            logger.exception("generation batch of %d failed", len(batch))
+            for _, future in batch:
+                resolve(future, error=err)
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            resolve(future, result)
+
+
+def create_app(engine, config: EngineServerConfig):
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    from slime_search.engines.cpu_engine import EngineNotReady
+
+    batcher = GenerationBatcher(engine, config)
+    vocab_size = int(engine.model.config.vocab_size)
+    max_positions = int(getattr(engine.model.config, "max_position_embeddings", 1 << 30))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="slime-search CPU engine", lifespan=lifespan)
+
+    async def read_json(request: Request):
+        try:
+            return json.loads(await request.body() or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise BadRequest(f"body is not valid JSON: {err}") from err
+
+    @app.exception_handler(EngineNotReady)
+    async def not_ready(request: Request, err: EngineNotReady):
+        return JSONResponse({"error": {"message": str(err)}}, status_code=503)
+
+    @app.post("/release_memory_occupation")
+    async def release_memory(request: Request):
+        tags = memory_tags(await read_json(request))
+        await batcher.run_in_worker(engine.release_memory, tags)
+        return {"success": True, "message": f"released {tags or 'all'}"}
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory(request: Request):
+        tags = memory_tags(await read_json(request))
+        await batcher.run_in_worker(engine.resume_memory, tags)
+        return {"success": True, "message": f"resumed {tags or 'all'}"}
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, err: BadRequest):
+        return JSONResponse({"error": {"message": str(err)}}, status_code=400)
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        body = await read_json(request)
+        gen_request, return_logprob = parse_generate(body, engine.tokenizer, vocab_size, max_positions)
+        result = await batcher.submit(gen_request)
+        return JSONResponse(format_result(gen_request, result, return_logprob))
+
+    @app.get("/health")
+    async def health():
+        return {
+            "status": "ok",
+            "weight_version": engine.weight_version,
+            "batches": batcher.batches,
+            "requests": batcher.units,
+            "queue_depth": batcher.queue_depth,
+            "released_memory": sorted(engine.released),
+            "weights_not_updated_since_resume": len(engine.stale),
+        }
+
+    @app.get("/health_generate")
+    async def health_generate():
+        probe, _ = parse_generate(
+            {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+            engine.tokenizer,
+            vocab_size,
+            max_positions,
+        )
+        await batcher.submit(probe)
+        return {"status": "ok"}
+
+    @app.get("/get_model_info")
+    async def model_info():
+        return {"model_path": engine.model_path, "weight_version": engine.weight_version, "is_generation": True}
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights(request: Request):
+        body = await read_json(request)
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("'model_path' (an HF checkpoint folder) is required")
+        version = body.get("weight_version")
+        try:
+            new_version = await batcher.run_in_worker(
+                engine.update_weights_from_disk, path, None if version is None else str(version)
+            )
+        except (OSError, ValueError) as err:
+            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
+        return {"success": True, "message": f"loaded {path}", "weight_version": new_version}
+
+    @app.get("/get_weight_version")
+    async def get_weight_version():
+        return {"weight_version": engine.weight_version}
+
+    add_weight_update_group_routes(app, engine, batcher, read_json)
+
+    add_tensor_update_route(app, engine, batcher, read_json)
+
+    @app.post("/flush_cache")
+    async def flush_cache():
+        # The KV cache lives only for the duration of a batch, so there is no cross-request cache to drop.
+        return {"success": True}
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        body = await read_json(request)
+        engine.abort(None if body.get("abort_all") else str(body.get("rid", "")) or None)
+        return {"success": True}
+
+    return app
+
+
+def memory_tags(body: dict) -> list[str] | None:
+    from slime_search.engines.cpu_engine import CpuEngine
+
+    tags = body.get("tags")
+    if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
+        raise BadRequest("'tags' must be a list of strings or null")
+    try:
+        CpuEngine._check_tags(tags)
+    except ValueError as err:
+        raise BadRequest(str(err)) from err
+    return tags
+
+
+def require(body: dict, key: str, kind: type):
+    value = body.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise BadRequest(f"'{key}' ({kind.__name__}) is required")
+    return value
+
+
+def add_tensor_update_route(app, engine, batcher, read_json) -> None:
+    """SGLang's tensor-handle weight sync: one serialized list of (name, tensor) over shared memory."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    @app.post("/update_weights_from_tensor")
+    async def update_from_tensor(request: Request):
+        from slime_search.engines.weight_wire import deserialize_named_tensors
+
+        body = await read_json(request)
+        entries = require(body, "serialized_named_tensors", list)
+        if len(entries) != 1 or not isinstance(entries[0], str):
+            raise BadRequest("the CPU engine is one rank: send one serialized_named_tensors entry (a string)")
+        if body.get("load_format") not in (None, "direct"):
+            raise BadRequest(f"load_format {body.get('load_format')!r} is not supported (use null)")
+        version = body.get("weight_version")
+
+        def load():
+            return engine.load_named_tensors(
+                deserialize_named_tensors(entries[0]), None if version is None else str(version)
+            )
+
+        try:
+            served = await batcher.run_in_worker(load)
+        except ValueError as err:
+            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
+        return {"success": True, "message": "loaded", "weight_version": served}
+
+
+def add_weight_update_group_routes(app, engine, batcher, read_json) -> None:
+    """SGLang's broadcast weight sync over gloo: join the trainer's group, receive buckets, leave."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    from slime_search.engines.weight_wire import DEFAULT_GROUP_NAME, join_weight_update_group, receive_tensors
+
+    groups: dict[str, Any] = {}
+
+    @app.post("/init_weights_update_group")
+    async def init_group(request: Request):
+        body = await read_json(request)
+        name = body.get("group_name") or DEFAULT_GROUP_NAME
+        backend = body.get("backend", "gloo")
+        if backend != "gloo":
+            raise BadRequest(f"the CPU engine joins weight-update groups over gloo, not {backend!r}")
+        if name in groups:
+            raise BadRequest(f"already in weight-update group {name!r}")
+        address, port = require(body, "master_address", str), require(body, "master_port", int)
+        rank, world_size = require(body, "rank_offset", int), require(body, "world_size", int)
+        try:
+            groups[name] = await asyncio.to_thread(
+                join_weight_update_group, "gloo", address, port, rank, world_size, name, 600.0
+            )
+        except (RuntimeError, ValueError) as err:
+            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
+        return {"success": True, "message": f"joined {name} as rank {rank} of {world_size}"}
+
+    @app.post("/update_weights_from_distributed")
+    async def update_from_distributed(request: Request):
+        body = await read_json(request)
+        name = body.get("group_name") or DEFAULT_GROUP_NAME
+        if name not in groups:
+            raise BadRequest(f"not in weight-update group {name!r}: POST /init_weights_update_group first")
+        names, dtypes, shapes = (
+            require(body, "names", list),
+            require(body, "dtypes", list),
+            require(body, "shapes", list),
+        )
+        version = body.get("weight_version")
+
+        def receive_and_load():
+            tensors = receive_tensors(groups[name], names, dtypes, shapes)
+            return engine.load_named_tensors(tensors, None if version is None else str(version))
+
+        try:
+            served = await batcher.run_in_worker(receive_and_load)
+        except (RuntimeError, ValueError) as err:
+            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
+        return {"success": True, "message": f"loaded {len(names)} tensors", "weight_version": served}
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_group(request: Request):
+        import torch.distributed as dist
+
+        body = await read_json(request)
+        name = body.get("group_name") or DEFAULT_GROUP_NAME
+        if name not in groups:
+            return JSONResponse({"success": False, "message": f"not in weight-update group {name!r}"}, status_code=400)
+        dist.destroy_process_group(groups.pop(name))
+        return {"success": True, "message": f"left {name}"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-path", required=True, help="HF checkpoint folder (config, safetensors, tokenizer)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed at start)")
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weight-version", default="0")
+    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args = parse_args(argv)
+    import torch
+    import uvicorn
+
+    from slime_search.engines.cpu_engine import CpuEngine
+    from slime_search.utils.net import listen_socket
+
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    try:
+        engine = CpuEngine(args.model_path, seed=args.seed, weight_version=args.weight_version)
+    except OSError as err:
+        print(f"error: cannot load a model from {args.model_path}: {err}", file=sys.stderr)
+        return 2
+    app = create_app(engine, EngineServerConfig(args.max_batch_size, args.max_wait_ms))
+    sock = listen_socket(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    print(f"serving on http://{host}:{port}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", backlog=4096))
+    asyncio.run(server.serve(sockets=[sock]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

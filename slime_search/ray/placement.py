@@ -1,0 +1,48 @@
+"""The RolloutManager actor from the driver's side: where it runs, and so where its engines run (on GPUs of their own,
+which Ray gives to the manager and keeps apart from the actor's; on the actor's GPUs with --colocate; or the CPU
+engine on a CPU machine), waiting on its calls with a progress bar, and stopping it."""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def create_rollout_manager(config, plugin_args, group, colocate: bool):
+    """The RolloutManager actor (`config`: a RolloutManagerConfig), which starts the engines. Colocated engines take
+    the actor's GPUs in rank order, so engine e's TP rank i sits on trainer rank e*k+i's device."""
+    import ray
+
+    from slime_search.rollout.manager import RolloutManager
+
+    on_gpu = group.config.use_gpu
+    rollout_gpus = config.engines.num_gpus if on_gpu and not colocate else 0
+    gpu_ids = group.gpu_ids() if on_gpu and colocate else None
+    options = {"num_cpus": 0, "num_gpus": rollout_gpus, "max_concurrency": 2}
+    return ray.remote(RolloutManager).options(**options).remote(config, plugin_args, gpu_ids)
+
+
+def stop_rollout_manager(manager) -> None:
+    """Stop the engines the manager started, then the actor itself (also when its start-up failed)."""
+    import ray
+
+    try:
+        ray.get(manager.shutdown.remote(), timeout=60)
+    except Exception as err:  # noqa: BLE001 - a manager that failed to start has nothing to stop
+        logger.warning("rollout manager shutdown: %s", err)
+    ray.kill(manager)
+
+
+def wait_with_progress(manager, ref, desc: str):
+    """Wait for a RolloutManager call, drawing a progress bar over its samples (only on a terminal)."""
+    import ray
+    from tqdm import tqdm
+
+    with tqdm(desc=desc, unit="sample", disable=None, leave=False) as bar:
+        while True:
+            ready, _ = ray.wait([ref], timeout=0.5)
+            bar.n, bar.total = ray.get(manager.progress.remote())
+            bar.refresh()
+            if ready:
+                return ray.get(ref)

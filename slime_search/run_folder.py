@@ -1,0 +1,47 @@
+"""What a training run keeps in its folder besides the metrics (metrics.jsonl, slime_search.metrics): the rollouts
+shown in the report (rollouts.jsonl) and, per checkpoint, the rollout state (the data position) next to the actor's
+torch_dist files (checkpoints/iter_N/). A resumed run drops what was recorded after its last complete checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from slime_search.backends.megatron.checkpoint import iteration_dir, latest_iteration
+
+ROLLOUT_STATE = "rollout_state.json"
+
+
+class RunFolder:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.examples = self.path / "rollouts.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def record_examples(self, step: int, kind: str, examples: list[dict]) -> None:
+        with open(self.examples, "a") as handle:
+            for example in examples:
+                handle.write(json.dumps({"step": step, "kind": kind, **example}) + "\n")
+
+    def drop_examples_from(self, step: int) -> None:
+        if self.examples.is_file():
+            kept = [line for line in self.examples.read_text().splitlines() if json.loads(line)["step"] < step]
+            self.examples.write_text("".join(line + "\n" for line in kept))
+
+    def latest_checkpoint(self) -> int | None:
+        """The steps done at the last complete checkpoint (its tracker file is written last), or None."""
+        return latest_iteration(self.checkpoints)
+
+    def save_rollout_state(self, steps_done: int, state: dict[str, Any]) -> None:
+        """Written before the actor's checkpoint, whose tracker file completes it."""
+        folder = iteration_dir(self.checkpoints, steps_done)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ROLLOUT_STATE).write_text(json.dumps({"steps_done": steps_done, **state}))
+
+    def rollout_state(self, steps_done: int) -> dict[str, Any]:
+        return json.loads((iteration_dir(self.checkpoints, steps_done) / ROLLOUT_STATE).read_text())

@@ -1,0 +1,62 @@
+"""Weight sync through the disk: rank 0 writes an HF checkpoint (safetensors + the original config and tokenizer)
+into a fresh folder, renames it into place, and every engine loads it through `/update_weights_from_disk` with the
+new weight_version. Works with every engine and placement; only the newest copy is kept."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import torch
+
+from megatron_bridge import Qwen2Shape, megatron_to_hf
+from slime_search.weight_sync.transports import WeightTransport, check_served
+
+
+def write_hf_checkpoint(
+    megatron_state: dict[str, torch.Tensor],
+    shape: Qwen2Shape,
+    original_hf: str | Path,
+    out_dir: str | Path,
+    te_names: bool,
+) -> Path:
+    """Write an HF checkpoint atomically: a temporary sibling folder renamed into place when complete."""
+    from megatron_bridge.hf_io import save_hf_folder
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    hf_state = megatron_to_hf(megatron_state, shape, te_names=te_names)
+    if shape.tie_word_embeddings:
+        hf_state.pop("lm_head.weight")
+    save_hf_folder(hf_state, Path(original_hf), tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+async def update_engines_from_disk(engine_urls: list[str], model_path: str, weight_version: str) -> list[str]:
+    """Every engine loads `model_path`; returns the versions they report (all must equal `weight_version`)."""
+    from slime_search.engines.client import EngineError, call_engine, on_every_engine
+
+    async def one(url: str) -> str:
+        answer = await call_engine(url, "update_weights_from_disk", model_path, weight_version)
+        if not answer.get("success") or str(answer.get("weight_version")) != weight_version:
+            raise EngineError(f"engine {url} did not switch to weight version {weight_version}: {answer}")
+        return str(answer["weight_version"])
+
+    return await on_every_engine(engine_urls, one)
+
+
+class DiskTransport(WeightTransport):
+    def push(self, version: str) -> str:
+        folder = Path(self.config.disk_dir) / f"step_{version}"
+        written = self.group.on_all_ranks("write_hf", self.config.hf_checkpoint, str(folder))[0]
+        served = check_served(asyncio.run(update_engines_from_disk(self.engine_urls, written, version)), version)
+        for older in folder.parent.glob("step_*"):
+            if older != folder:
+                shutil.rmtree(older, ignore_errors=True)
+        return served

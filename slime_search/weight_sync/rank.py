@@ -1,0 +1,102 @@
+"""The trainer rank's half of weight sync, mixed into the rank's Ray actor (`slime_search.ray.train_group.TrainRank`).
+
+Every method is called on every rank at once (`RayTrainGroup.on_all_ranks`) by a transport on the driver: the ranks
+gather their tensor-parallel shards together, and rank 0 (disk, broadcast) or each rank an engine sits on (tensor
+handles) hands the result on.
+"""
+
+from __future__ import annotations
+
+
+def release_ipc_memory() -> None:
+    """Free the dropped buckets' device memory. Every bucket is a fresh allocation, and torch keeps a block shared by
+    CUDA IPC unfreed while an engine still holds its handle; ipc_collect frees the blocks the engines have closed
+    and empty_cache hands the memory to colocated engines."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()
+
+
+class WeightSyncRank:
+    """Needs `rank` (global rank), `actor` (MegatronActor) and `shape` (Qwen2Shape) from the class it is mixed into."""
+
+    broadcaster = None  # rank 0's WeightBroadcaster while connected
+    _handle_buckets = None  # the tensor-handle stream of the push in progress
+    _sent = None  # the bucket whose handles the engines may still be reading
+
+    def _te_names(self) -> bool:
+        from slime_search.backends.megatron.model import uses_te_names
+
+        return uses_te_names(self.actor.model.module)
+
+    def _hf_buckets(self, bucket_bytes: int):
+        """The weights under HF names, streamed in buckets (collective over the tensor-parallel group)."""
+        from slime_search.weight_sync.gather import iter_hf_buckets
+
+        return iter_hf_buckets(self.actor.local_state_dict(), self.shape, self._te_names(), bucket_bytes)
+
+    # ---- disk ---------------------------------------------------------------------------------------------------
+    def write_hf(self, original_hf: str, out_dir: str) -> str | None:
+        """Rank 0 writes the gathered weights as an HF checkpoint; returns its folder (None on the other ranks)."""
+        from slime_search.weight_sync.disk import write_hf_checkpoint
+        from slime_search.weight_sync.gather import gather_full_megatron_state
+
+        full = gather_full_megatron_state(self.actor.local_state_dict())
+        if self.rank != 0:
+            return None
+        write_hf_checkpoint(full, self.shape, original_hf, out_dir, te_names=self._te_names())
+        return out_dir
+
+    # ---- broadcast ------------------------------------------------------------------------------------------------
+    def connect_engines(self, engine_urls: list[str], ranks_per_engine: list[int], config) -> None:
+        """Rank 0 hosts the weight-update group the engines join (the other ranks only help gather)."""
+        import ray
+
+        from slime_search.utils.net import free_port
+        from slime_search.weight_sync.broadcast import WeightBroadcaster
+
+        self.broadcast_config = config
+        if self.rank != 0:
+            return
+        self.broadcaster = WeightBroadcaster(config)
+        self.broadcaster.connect(engine_urls, ranks_per_engine, ray.util.get_node_ip_address(), free_port())
+
+    def broadcast_weights(self, weight_version: str) -> list[str] | None:
+        """Rank 0 broadcasts to every engine as the buckets are gathered; the other ranks help gather."""
+        buckets = self._hf_buckets(self.broadcast_config.bucket_bytes)
+        try:
+            return self.broadcaster.push_buckets(buckets, weight_version) if self.rank == 0 else None
+        finally:
+            for _ in buckets:  # gather to the end (also after a failed push) so that no rank waits for this one
+                pass
+
+    def disconnect_engines(self) -> None:
+        if self.broadcaster is not None:
+            self.broadcaster.close()
+            self.broadcaster = None
+
+    # ---- tensor handles -------------------------------------------------------------------------------------------
+    def prepare_weight_handles(self, bucket_bytes: int, serving_ranks: int) -> None:
+        """Start streaming the weights; ranks below `serving_ranks` have an engine on their device and hand it their
+        buckets."""
+        from slime_search.weight_sync.broadcast import with_last
+
+        self._handle_buckets = with_last(self._hf_buckets(bucket_bytes))
+        self._serves_engine = self.rank < serving_ranks
+        self._sent = None
+
+    def next_weight_handles(self) -> tuple[str | None, bool]:
+        """Collective, called once the engines answered for the previous bucket, which is dropped: the next bucket as
+        handles (None on a rank without an engine) and whether it is the last one."""
+        from slime_search.engines.weight_wire import serialize_named_tensors
+
+        self._sent = None
+        release_ipc_memory()
+        self._sent, last = next(self._handle_buckets)
+        return (serialize_named_tensors(self._sent) if self._serves_engine else None), last
+
+    def finish_weight_handles(self) -> None:
+        self._handle_buckets, self._sent = None, None
+        release_ipc_memory()

@@ -1,0 +1,72 @@
+"""Weight sync by tensor handles (SGLang's /update_weights_from_tensor), for engines that share the trainer's devices.
+
+Nothing but handles crosses HTTP: each trainer rank an engine sits on serializes a bucket of its HF-named tensors
+(`slime_search.engines.weight_wire`: CUDA IPC on GPU, shared memory on CPU), and the engine maps the same memory and
+copies from it. `serialized_named_tensors` holds one entry per engine TP rank. A rank drops a bucket only once every
+engine has answered for it (the rank's half: `slime_search.weight_sync.rank`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from slime_search.weight_sync.transports import WeightTransport, check_served, served_versions
+
+
+def engine_payloads(entries: list[str | None], ranks_per_engine: list[int]) -> list[list[str]]:
+    """Engine e takes the entries of the ranks it sits on: engines are laid over trainer ranks 0.. in order."""
+    payloads, start = [], 0
+    for k in ranks_per_engine:
+        chunk = entries[start : start + k]
+        if len(chunk) < k or any(entry is None for entry in chunk):
+            raise ValueError(f"engines need the handles of {sum(ranks_per_engine)} trainer ranks, got {len(entries)}")
+        payloads.append(chunk)
+        start += k
+    return payloads
+
+
+async def post_bucket(url: str, entries: list[str], weight_version: str | None) -> dict:
+    """One bucket to one engine; the bucket carrying `weight_version` (the last) also flushes its cache."""
+    from slime_search.engines.client import call_engine, check_success
+
+    payload = {"serialized_named_tensors": entries, "load_format": None, "flush_cache": weight_version is not None}
+    if weight_version is not None:
+        payload["weight_version"] = weight_version
+    answer = await call_engine(url, "post", "/update_weights_from_tensor", payload)
+    return check_success(url, "update_weights_from_tensor", answer)
+
+
+def next_bucket(group) -> tuple[list[str | None], bool]:
+    """The next bucket's handles from every rank, and whether it is the last bucket."""
+    answers = group.on_all_ranks("next_weight_handles")
+    lasts = {last for _, last in answers}
+    if len(lasts) != 1:
+        raise RuntimeError("trainer ranks disagree on where the weights end; their models differ")
+    return [entry for entry, _ in answers], lasts.pop()
+
+
+class TensorHandleTransport(WeightTransport):
+    def push(self, version: str) -> str:
+        """Bucket after bucket from the trainer ranks the engines sit on to those engines."""
+        from slime_search.engines.client import on_every_engine
+
+        ranks_per_engine = self.ranks_per_engine
+        serving_ranks = sum(ranks_per_engine)
+        if serving_ranks > self.group.config.num_ranks:
+            raise ValueError(
+                f"engines sit on {serving_ranks} trainer ranks but there are {self.group.config.num_ranks}"
+            )
+
+        async def post_all(payloads: list[list[str]], bucket_version: str | None) -> None:
+            payload_of = dict(zip(self.engine_urls, payloads, strict=True))
+            await on_every_engine(self.engine_urls, lambda url: post_bucket(url, payload_of[url], bucket_version))
+
+        self.group.on_all_ranks("prepare_weight_handles", self.config.bucket_bytes, serving_ranks)
+        try:
+            last = False
+            while not last:
+                entries, last = next_bucket(self.group)
+                asyncio.run(post_all(engine_payloads(entries, ranks_per_engine), version if last else None))
+        finally:
+            self.group.on_all_ranks("finish_weight_handles")
+        return check_served(asyncio.run(served_versions(self.engine_urls)), version)

@@ -1,0 +1,123 @@
+"""Weight sync after a training step: Megatron shards -> full HF weights -> inference engines, by one transport.
+
+Every transport speaks SGLang's HTTP API, runs on the driver against the train group (`RayTrainGroup`; each rank's
+half is `slime_search.weight_sync.rank`) and the engines' own addresses, and is chosen once, by name, from
+`TRANSPORTS` (`--update-weight-transport`):
+* nccl (`broadcast.py`): actor rank 0 broadcasts bucket by bucket over a process group the engines join (NCCL on
+  GPU, gloo with the CPU engine);
+* tensor (`tensor_handles.py`): the actor ranks that share a device with an engine hand it handles to their tensors
+  (CUDA IPC on GPU, shared memory on CPU);
+* disk (`disk.py`): works everywhere. Rank 0 writes an HF checkpoint, and every engine loads it.
+
+The nccl and tensor transports stream: the tensor-parallel shards are gathered and renamed one unit (embedding,
+decoder layer, head) at a time into buckets (`gather.iter_hf_buckets`), so a push never holds a second copy of the
+whole model on the trainer's device. After a push every engine must report the new version, so a rollout never
+starts on mixed versions.
+
+This module imports nothing heavy: the flags read the registry, and an implementation is imported when it is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WeightSyncConfig:
+    transport: str  # a name in TRANSPORTS
+    bucket_bytes: int = 512 * 1024**2  # --update-weight-buffer-size
+    hf_checkpoint: str = ""  # the original HF folder: config and tokenizer of a checkpoint written to disk
+    disk_dir: str = ""  # where the disk transport writes its copies (only the newest is kept)
+    ranks_per_engine: int = 1  # process-group ranks (GPUs) of one engine
+
+    def __post_init__(self) -> None:
+        transport_kind(self.transport)
+        if self.bucket_bytes <= 0:
+            raise ValueError("--update-weight-buffer-size must be a positive number of bytes")
+
+
+class WeightTransport:
+    """connect() once before the first push, push(version) after every step (returns the version every engine then
+    serves), close() at the end of the run."""
+
+    def __init__(self, config: WeightSyncConfig, group, engine_urls: list[str]):
+        self.config = config
+        self.group = group  # RayTrainGroup: on_all_ranks(method, *args) runs a WeightSyncRank method on every rank
+        self.engine_urls = list(engine_urls)
+
+    @property
+    def ranks_per_engine(self) -> list[int]:
+        return [self.config.ranks_per_engine] * len(self.engine_urls)
+
+    def connect(self) -> None:
+        """Set up what every push needs (nothing, unless the transport says otherwise)."""
+
+    def push(self, version: str) -> str:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Undo connect()."""
+
+
+@dataclass(frozen=True)
+class TransportKind:
+    load: Callable[[], type[WeightTransport]]  # the implementation, imported on use
+    refused_colocated: str | None = None  # why it cannot reach engines on the trainer's own GPUs (None: it can)
+
+
+def _disk() -> type[WeightTransport]:
+    from slime_search.weight_sync.disk import DiskTransport
+
+    return DiskTransport
+
+
+def _broadcast() -> type[WeightTransport]:
+    from slime_search.weight_sync.broadcast import BroadcastTransport
+
+    return BroadcastTransport
+
+
+def _tensor_handles() -> type[WeightTransport]:
+    from slime_search.weight_sync.tensor_handles import TensorHandleTransport
+
+    return TensorHandleTransport
+
+
+TRANSPORTS: dict[str, TransportKind] = {
+    "disk": TransportKind(_disk),
+    "nccl": TransportKind(_broadcast, refused_colocated="NCCL cannot connect two processes on one GPU"),
+    "tensor": TransportKind(_tensor_handles),
+}
+
+
+def transport_kind(name: str) -> TransportKind:
+    if name not in TRANSPORTS:
+        raise ValueError(f"unknown weight transport {name!r}; valid: {', '.join(sorted(TRANSPORTS))}")
+    return TRANSPORTS[name]
+
+
+def default_transport(colocate: bool, engines_on_gpus: bool) -> str:
+    """The fastest transport the placement allows: handles to engines on the trainer's GPUs, a broadcast to engines
+    on GPUs of their own, else the disk (the CPU engine)."""
+    return "tensor" if colocate else "nccl" if engines_on_gpus else "disk"
+
+
+def create_transport(config: WeightSyncConfig, group, engine_urls: list[str]) -> WeightTransport:
+    return transport_kind(config.transport).load()(config, group, engine_urls)
+
+
+def check_served(served: list[str], version: str) -> str:
+    """Every engine must serve `version` after its push."""
+    from slime_search.engines.client import EngineError
+
+    if not served or any(v != version for v in served):
+        raise EngineError(f"engines serve weight versions {served} after the push of version {version}")
+    return version
+
+
+async def served_versions(urls: list[str]) -> list[str]:
+    """The weight version each engine reports."""
+    from slime_search.engines.client import call_engine, on_every_engine
+
+    return await on_every_engine(urls, lambda url: call_engine(url, "weight_version"))

@@ -1,0 +1,133 @@
+"""Checkpoint conversion tools and model flags: HF -> torch_dist (TP=2) -> HF (TP=1), flag checks, sizes."""
+
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from megatron_bridge import Qwen2Shape
+from megatron_bridge.param_count import count_parameters
+from slime_search.backends.megatron.model_args import add_model_arguments, model_from_args
+from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def model_args(name: str) -> list[str]:
+    """The MODEL_ARGS array of scripts/models/NAME.sh, as bash would expand it."""
+    text = (REPO_ROOT / "scripts" / "models" / f"{name}.sh").read_text()
+    body = text[text.index("MODEL_ARGS=(") + len("MODEL_ARGS=(") : text.rindex(")")]
+    return shlex.split(body, comments=True)
+
+
+def parse(name: str):
+    import argparse
+
+    return model_from_args(add_model_arguments(argparse.ArgumentParser()).parse_args(model_args(name)))
+
+
+def run_tool(script: str, *args: str):
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=500,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+
+
+@pytest.mark.parametrize(
+    "name,billions", [("qwen2.5-0.5B", 0.49), ("qwen2.5-1.5B", 1.54), ("qwen2.5-3B", 3.09), ("qwen2.5-7B", 7.62)]
+)
+def test_model_flags_give_the_published_sizes(name, billions):
+    shape, options = parse(name)
+    assert round(count_parameters(shape) / 1e9, 2) == billions
+    assert shape.tie_word_embeddings is (name != "qwen2.5-7B")
+
+
+def test_parameter_formula_matches_a_real_model(tiny_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    shape = Qwen2Shape.from_hf_config(hf.config)
+    assert count_parameters(shape) == sum(p.numel() for p in hf.parameters())
+    assert parse("tiny-qwen2")[0] == shape
+
+
+def test_hf_to_torch_dist_at_tp2_and_back_at_tp1_is_bit_exact(tiny_checkpoint, tmp_path):
+    from safetensors.torch import load_file
+
+    flags = model_args("tiny-qwen2")
+    saved = run_tool(
+        "convert_hf_to_torch_dist.py",
+        *flags,
+        "--hf-checkpoint",
+        str(tiny_checkpoint),
+        "--save",
+        str(tmp_path / "td"),
+        "--tensor-model-parallel-size",
+        "2",
+    )
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    assert (tmp_path / "td" / "latest_checkpointed_iteration.txt").read_text() == "0"
+    back = run_tool(
+        "convert_torch_dist_to_hf.py",
+        *flags,
+        "--load",
+        str(tmp_path / "td"),
+        "--hf-checkpoint",
+        str(tiny_checkpoint),
+        "--save",
+        str(tmp_path / "hf"),
+    )
+    assert back.returncode == 0, back.stderr[-3000:]
+    original, restored = (
+        load_file(tiny_checkpoint / "model.safetensors"),
+        load_file(tmp_path / "hf" / "model.safetensors"),
+    )
+    assert original.keys() == restored.keys()
+    assert all(torch.equal(original[k], restored[k]) for k in original)
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (tiny_checkpoint / "tokenizer.json").read_bytes()
+
+
+def test_converter_rejects_mismatched_flags_and_missing_files(tiny_checkpoint, tmp_path):
+    flags = model_args("tiny-qwen2")
+    flags[flags.index("--hidden-size") + 1] = "96"
+    wrong = run_tool(
+        "convert_hf_to_torch_dist.py", *flags, "--hf-checkpoint", str(tiny_checkpoint), "--save", str(tmp_path / "x")
+    )
+    assert wrong.returncode == 2 and "--hidden-size: flags say 96, config.json says 64" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
+    missing = run_tool(
+        "convert_hf_to_torch_dist.py",
+        *model_args("tiny-qwen2"),
+        "--hf-checkpoint",
+        str(tmp_path),
+        "--save",
+        str(tmp_path / "y"),
+    )
+    assert missing.returncode == 2 and "has no config.json" in missing.stderr
+    no_ckpt = run_tool(
+        "convert_torch_dist_to_hf.py",
+        *model_args("tiny-qwen2"),
+        "--load",
+        str(tmp_path),
+        "--hf-checkpoint",
+        str(tiny_checkpoint),
+        "--save",
+        str(tmp_path / "z"),
+    )
+    assert no_ckpt.returncode == 2 and "not a torch_dist checkpoint" in no_ckpt.stderr
+
+
+def test_megatron_reads_the_rope_base_a_tiny_policy_is_built_with():
+    """transformers 5 keeps the base in `rope_parameters`; the trainer must use it, or train and serve diverge."""
+    from slime_search.backends.megatron.model import ModelOptions
+    from slime_search.models.tiny_qwen import TinyQwen2Config, build_tiny_qwen2
+
+    for base in (10_000.0, 1_000_000.0):
+        model = build_tiny_qwen2(TinyQwen2Config(vocab_size=64, rope_theta=base))
+        assert ModelOptions.from_hf_config(model.config).rotary_base == base

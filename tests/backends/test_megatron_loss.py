@@ -1,0 +1,130 @@
+"""The micro-batch loss on leaf logits (no model): masking, references, and log-probs at a temperature."""
+
+import pytest
+import torch
+
+from slime_search.backends.megatron.loss import LossConfig, micro_batch_loss, response_logits_and_targets
+from slime_search.backends.megatron.packing import pack, split_by_token_budget
+from slime_search.types import TrainSample
+
+
+def test_pack_positions_boundaries_and_mask():
+    packed = pack([[1, 2, 3], [4, 5]], [2, 1])
+    assert packed.input_ids.tolist() == [[1, 2, 3, 4, 5]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 0, 1]]
+    assert packed.cu_seqlens.tolist() == [0, 3, 5]
+    assert packed.response_slices() == [slice(1, 3), slice(4, 5)]
+    allowed = ~packed.attention_mask()[0, 0]
+    # causal inside each sample, nothing across: token 3 (sample 2's first) sees only itself
+    assert allowed[3].tolist() == [False, False, False, True, False]
+    assert allowed[2].tolist() == [True, True, True, False, False]
+    with pytest.raises(ValueError, match="needs a prompt token"):
+        pack([[1, 2]], [2])
+
+
+def test_split_by_token_budget_first_fit_decreasing():
+    # lengths 5,4,3,3,1 with budget 8: 5+3, 4+3+1
+    assert split_by_token_budget([5, 4, 3, 3, 1], 8) == [[0, 2], [1, 3, 4]]
+    assert split_by_token_budget([10, 2], 8) == [[0], [1]]  # an over-long sample goes alone
+    with pytest.raises(ValueError, match="max_tokens"):
+        split_by_token_budget([1], 0)
+
+
+def make_batch(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    samples = [
+        TrainSample(tokens=[1, 2, 3, 4, 5, 6], response_length=4, loss_mask=[1, 0, 0, 1], advantage=1.0),
+        TrainSample(tokens=[7, 8, 9], response_length=2, loss_mask=[1, 1], advantage=-0.5),
+    ]
+    packed = pack([s.tokens for s in samples], [s.response_length for s in samples])
+    logits = torch.randn(1, packed.num_tokens, 12, generator=gen, requires_grad=True)
+    return samples, packed, logits
+
+
+def test_response_rows_are_shifted_by_one():
+    samples, packed, logits = make_batch()
+    rows, targets = response_logits_and_targets(logits, packed)
+    assert targets.tolist() == [3, 4, 5, 6, 8, 9]
+    assert torch.equal(rows[0], logits[0, 1]) and torch.equal(rows[4], logits[0, 6])
+
+
+@pytest.mark.parametrize("loss_type", ["policy_loss", "sft"])
+def test_masked_tokens_and_prompts_get_no_gradient(loss_type):
+    samples, packed, logits = make_batch()
+    config = LossConfig(loss_type=loss_type, kl_coef=0.0)
+    loss, _ = micro_batch_loss(logits, packed, samples, config, num_tokens=4, num_sequences=2)
+    loss.backward()
+    grad_rows = logits.grad[0].abs().sum(-1)
+    # rows predicting: sample 1 tokens at 2,3,4,5 (logit rows 1,2,3,4; mask 1,0,0,1); sample 2 tokens 7,8 (rows 6,7)
+    trained_rows = {1, 4, 6, 7}
+    for row in range(packed.num_tokens):
+        assert bool(grad_rows[row] > 0) is (row in trained_rows), row
+
+
+def test_sft_loss_is_the_masked_negative_log_likelihood_at_temperature():
+    samples, packed, logits = make_batch()
+    config = LossConfig(loss_type="sft", reduction="token_mean", temperature=0.5)
+    loss, _ = micro_batch_loss(logits, packed, samples, config, num_tokens=4, num_sequences=2)
+    log_probs = torch.log_softmax(logits[0].detach() / 0.5, -1)
+    # trained (row, target) pairs: (1,3), (4,6), (6,8), (7,9)
+    expected = -(log_probs[1, 3] + log_probs[4, 6] + log_probs[6, 8] + log_probs[7, 9]) / 4
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_kl_and_tis_need_their_inputs():
+    samples, packed, logits = make_batch()
+    with pytest.raises(ValueError, match="TIS/MIS need the engine's log-probs"):
+        micro_batch_loss(logits, packed, samples, LossConfig(use_tis=True), num_tokens=4, num_sequences=2)
+    with pytest.raises(ValueError, match="ref_log_probs missing"):
+        micro_batch_loss(logits, packed, samples, LossConfig(kl_coef=0.1), num_tokens=4, num_sequences=2)
+    for s in samples:
+        s.rollout_log_probs = [-1.0] * s.response_length
+        s.ref_log_probs = [-1.0] * (s.response_length - 1)
+    with pytest.raises(ValueError, match="ref_log_probs has 3 entries for a response of 4"):
+        micro_batch_loss(logits, packed, samples, LossConfig(kl_coef=0.1, use_tis=True), num_tokens=4, num_sequences=2)
+    with pytest.raises(ValueError, match="valid: policy_loss, sft"):
+        LossConfig(loss_type="dpo")
+
+
+def test_padded_vocabulary_columns_are_excluded():
+    from slime_search.backends.megatron.logprobs import entropy, token_log_probs
+
+    gen = torch.Generator().manual_seed(3)
+    real = torch.randn(5, 10, generator=gen)
+    padded = torch.cat([real, torch.zeros(5, 6)], dim=-1)  # Megatron's padding rows give logit 0
+    targets = torch.tensor([0, 3, 9, 2, 5])
+    expected = torch.log_softmax(real, -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(token_log_probs(padded, targets, vocab_size=10), expected)
+    assert not torch.allclose(token_log_probs(padded, targets), expected)  # what leaving them in does
+    p = torch.softmax(real, -1)
+    torch.testing.assert_close(entropy(padded, vocab_size=10), -(p * p.log()).sum(-1))
+
+
+def test_mis_weights_and_mask_enter_the_policy_loss():
+    from slime_search.algo import ISConfig
+
+    samples, packed, logits = make_batch()
+    rows, targets = response_logits_and_targets(logits.detach(), packed)
+    on_policy = torch.log_softmax(rows, -1).gather(-1, targets[:, None]).squeeze(-1).tolist()
+    samples[0].old_log_probs, samples[1].old_log_probs = on_policy[:4], on_policy[4:]
+    for s in samples:
+        s.rollout_log_probs = list(s.old_log_probs)
+    # old == rollout: every weight is 1 and nothing is masked, so MIS leaves the loss as it is
+    base, _ = micro_batch_loss(logits, packed, samples, LossConfig(), num_tokens=4, num_sequences=2)
+    same, metrics = micro_batch_loss(
+        logits, packed, samples, LossConfig(mis=ISConfig(mode="mask")), num_tokens=4, num_sequences=2
+    )
+    assert same.item() == pytest.approx(base.item()) and metrics["mis_mask_kept_fraction"].item() == 1.0
+    # a rollout log-prob 3 nats below the trainer's (ratio e^3 > 2) takes that token out of the loss:
+    # sample 2 then averages over its second token only
+    samples[1].rollout_log_probs = [on_policy[4] - 3.0, on_policy[5]]
+    masked, metrics = micro_batch_loss(
+        logits, packed, samples, LossConfig(mis=ISConfig(mode="mask")), num_tokens=4, num_sequences=2
+    )
+    assert metrics["mis_mask_kept_fraction"].item() == pytest.approx(3 / 4)
+    # per-token surrogate at ratio 1 is -A: sample 1 -> -1, sample 2 -> +0.5 either way; the mean is unchanged,
+    # but the masked token now gets no gradient
+    masked.backward()
+    assert logits.grad[0, 6].abs().sum() == 0 and logits.grad[0, 7].abs().sum() > 0
+    with pytest.raises(ValueError, match="not both"):
+        LossConfig(use_tis=True, mis=ISConfig())

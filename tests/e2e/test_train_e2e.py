@@ -1,0 +1,162 @@
+"""End to end on CPU: real retriever, CPU engine, Megatron ranks under Ray, weight sync by disk, eval, metrics;
+the run is killed (SIGKILL) mid-way and the same command continues it from the last complete checkpoint."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from local_dense_retriever import build_index
+from local_dense_retriever.launch import RetrievalServerProcess
+from slime_search.search_r1.prompt import make_row
+from tests.retriever_helpers import write_tiny_corpus
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def load_weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+def wait_for_checkpoint(run, proc, iteration: int, timeout_s: float = 600) -> None:
+    tracker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if tracker.is_file() and tracker.read_text().strip() == str(iteration):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"training exited early with {proc.returncode}: {(run.parent / 'log1.txt').read_text()}"
+            )
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint {iteration} within {timeout_s} s")
+
+
+def prepare_task(tmp_path):
+    """A BM25 index over the tiny corpus, 4 training and 2 eval prompts; returns the retriever's arguments."""
+    write_tiny_corpus(tmp_path / "corpus.jsonl")
+    index_args = ["--retriever-name", "bm25", "--corpus-path", str(tmp_path / "corpus.jsonl"), "--save-dir"]
+    assert build_index.main([*index_args, str(tmp_path)]) == 0
+    rows = [
+        make_row({"question": f"where does the {c} otter live", "golden_answers": ["valley"]}, "nq", "train", i)
+        for i, c in enumerate(["red", "blue", "green", "black"])
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "eval.parquet")
+    return [
+        "--retriever-name",
+        "bm25",
+        "--index-path",
+        str(tmp_path / "bm25"),
+        "--corpus-path",
+        str(tmp_path / "corpus.jsonl"),
+    ]
+
+
+def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_path):
+    retriever_args = prepare_task(tmp_path)
+    run = tmp_path / "run"
+    with RetrievalServerProcess(*retriever_args) as retriever:
+        command = [
+            sys.executable, "-m", "slime_search.train",
+            "--hf-checkpoint", str(tiny_checkpoint), "--save", str(run),
+            "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template", "--rollout-shuffle",
+            "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+            "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
+            "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--entropy-coef", "0.01",
+            "--use-kl-loss", "--kl-loss-coef", "0.001",
+            "--eval-prompt-data", "nq", str(tmp_path / "eval.parquet"), "--eval-interval", "2", "--save-interval", "1",
+        ]  # fmt: skip
+        with open(tmp_path / "log1.txt", "w") as log:
+            # its own session, so that SIGKILL reaches the driver and every process it started, and nothing else
+            first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for_checkpoint(run, first, 1)
+            first_weights = load_weights(run / "weights" / "step_1" / "model.safetensors")
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+        second = subprocess.run(command, capture_output=True, text=True, timeout=800)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/loss" in r]
+    evals = [r for r in records if "eval/em" in r]
+    assert [r["step"] for r in train] == [0, 1, 2]  # each step once, although step 1 (or 2) was cut off
+    assert [r["weight_version"] for r in train] == [1, 2, 3]  # what the engine reported after each sync
+    # the engine served version k to the rollout of step k: the resumed run re-synced the step-1 checkpoint
+    assert [r["rollout/weight_version"] for r in train] == [0, 1, 2]
+    assert [r["step"] for r in evals] == [0, 2, 3]
+    for record in train:
+        assert {"train/loss", "train/kl_loss", "train/grad_norm", "rollout/groups", "time/rollout_s"} <= set(record)
+        assert {"time/train_s", "time/sync_s", "rollout/searches_mean"} <= set(record)
+    assert {"eval/nq/em", "eval/search_rate", "eval/turns"} <= set(evals[-1])
+
+    before = load_weights(tiny_checkpoint / "model.safetensors")
+    after = load_weights(run / "weights" / "step_3" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert any(not torch.equal(first_weights[k], after[k]) for k in after)
+    assert not (run / "weights" / "step_1").exists()  # only the newest synced copy is kept
+    assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "3"
+    examples = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted({(e["kind"], e["step"]) for e in examples}) == [
+        ("eval", 0), ("eval", 2), ("eval", 3), ("train", 0), ("train", 1), ("train", 2)
+    ]  # fmt: skip
+    assert all(e["segments"] and e["prompt"] for e in examples)
+
+
+def run_three_disk_free_steps(tiny_checkpoint, tmp_path, *flags: str) -> list[dict]:
+    """Three GRPO steps of the tiny policy at TP 2 with 1 MiB weight-sync buckets; checks what every disk-free
+    transport must give, and returns the metrics records."""
+    retriever_args = prepare_task(tmp_path)
+    run = tmp_path / "run"
+    with RetrievalServerProcess(*retriever_args) as retriever:
+        command = [
+            sys.executable, "-m", "slime_search.train",
+            "--hf-checkpoint", str(tiny_checkpoint), "--save", str(run),
+            "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template",
+            "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+            "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
+            "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.001",
+            "--entropy-coef", "0.01",  # the policy moves even when every group's rewards tie
+            "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
+            "--update-weight-buffer-size", str(1 << 20), *flags,
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/loss" in r]
+    assert [r["weight_version"] for r in train] == [1, 2, 3]  # what the engine reported after each push
+    assert [r["rollout/weight_version"] for r in train] == [0, 1, 2]
+    assert not (run / "weights").exists()  # nothing went through the disk
+    # the engine sampled step k's rollout from the actor's weights after step k-1: Megatron's log-probs of those
+    # tokens equal the engine's, although the policy moved away from its start (KL to the reference grows)
+    diffs, kls = [r["train/train_rollout_logprob_abs_diff"] for r in train], [r["train/kl_loss"] for r in train]
+    assert max(diffs) < 1e-3 and kls[2] > 100 * max(diffs), (diffs, kls)
+    return records
+
+
+def test_grpo_with_broadcast_weight_sync(tiny_checkpoint, tmp_path):
+    """Tensor-parallel shards gathered on rank 0 and broadcast over gloo to the CPU engine after every step (the
+    tensor-handle transport runs end to end in the colocated test below)."""
+    run_three_disk_free_steps(tiny_checkpoint, tmp_path, "--update-weight-transport", "nccl")
+
+
+def test_colocated_run_hands_memory_over_between_phases(tiny_checkpoint, tmp_path):
+    """--colocate on CPU: the actor (TP 2) offloads before every rollout, the engine releases its weights before
+    every step and gets them back only through a full push of shared-memory handles, bucket by bucket (it refuses
+    to generate on half-updated weights)."""
+    eval_flags = ["--eval-prompt-data", "nq", str(tmp_path / "eval.parquet"), "--eval-interval", "2"]
+    records = run_three_disk_free_steps(tiny_checkpoint, tmp_path, "--colocate", "--save-interval", "2", *eval_flags)
+    assert all(r["memory/actor_offloaded_gib"] > 0 for r in records if "train/loss" in r)
+    assert [r["step"] for r in records if "eval/em" in r] == [0, 2, 3]
+    assert (tmp_path / "run" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "3"

@@ -1,0 +1,58 @@
+import math
+
+import pytest
+import torch
+
+from slime_search.engines.sampling import SamplingParams, filter_top_k_top_p, sample_tokens
+
+
+def test_sampling_params_parse_and_validate():
+    params = SamplingParams.from_request({"temperature": 0.7, "stop": "</search>", "stop_token_ids": [5], "n": 1})
+    assert params.stop == ("</search>",) and params.stop_token_ids == (5,) and params.extra == {"n": 1}
+    for bad, message in [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"max_new_tokens": -2}, "max_new_tokens"),
+        ({"stop": [""]}, "stop"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            SamplingParams.from_request(bad)
+
+
+def test_top_k_and_top_p_filter_hand_computed():
+    # probabilities [0.5, 0.3, 0.15, 0.05] (logits = log p)
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
+    out = filter_top_k_top_p(logits, torch.tensor([2, -1, -1]), torch.tensor([1.0, 0.75, 0.8]))
+    kept = torch.isfinite(out)
+    # row 0: top-2 -> tokens 0, 1
+    # row 1: top-p 0.75: mass before token 1 is 0.5 < 0.75 (kept), before token 2 is 0.8 >= 0.75 (dropped)
+    # row 2: top-p 0.8: mass before token 2 is 0.8 >= 0.8 -> dropped
+    assert kept.tolist() == [[True, True, False, False], [True, True, False, False], [True, True, False, False]]
+    torch.testing.assert_close(out[kept], logits[kept])
+
+
+def test_sampled_log_probs_are_of_the_temperature_scaled_distribution():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=gen)
+    temperature = torch.tensor([1.0, 0.7, 0.0, 1.3])
+    tokens, log_probs = sample_tokens(logits, temperature, torch.ones(4), torch.full((4,), -1), gen)
+    assert tokens[2] == logits[2].argmax()  # greedy row
+    for row in range(4):
+        t = temperature[row].item() or 1.0
+        expected = torch.log_softmax(logits[row] / t, -1)[tokens[row]]
+        assert log_probs[row].item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+def test_sampling_follows_the_distribution_and_respects_top_k():
+    gen = torch.Generator().manual_seed(1)
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    logits = torch.log(probs).expand(4000, 3)
+    tokens, _ = sample_tokens(logits, torch.ones(4000), torch.ones(4000), torch.full((4000,), -1), gen)
+    freq = torch.bincount(tokens, minlength=3).float() / 4000
+    # binomial standard error at n=4000 is <= 0.008; allow 4 sigma
+    assert torch.allclose(freq, probs, atol=0.032)
+    tokens, log_probs = sample_tokens(logits, torch.ones(4000), torch.ones(4000), torch.full((4000,), 1), gen)
+    assert torch.all(tokens == 0)
+    # top-k restricts the draw, not the reported log-prob: still log 0.6 under the full distribution
+    assert torch.allclose(log_probs, torch.full((4000,), math.log(0.6)))

@@ -1,0 +1,66 @@
+"""SGLang launch: commands and GPU split on CPU; a real engine + router only on a CUDA machine."""
+
+import importlib.util
+
+import pytest
+
+from slime_search.engines.sglang_launch import SGLangEngineSpec, engine_specs, router_command
+
+
+def test_engine_specs_split_gpus_into_engines():
+    specs = engine_specs("/ckpt", num_gpus=8, gpus_per_engine=2, first_port=15000, mem_fraction_static=0.7)
+    assert [(s.base_gpu_id, s.tp_size, s.port) for s in specs] == [
+        (0, 2, 15000),
+        (2, 2, 15001),
+        (4, 2, 15002),
+        (6, 2, 15003),
+    ]
+    command = specs[1].command()
+    assert command[:2] == ["-m", "sglang.launch_server"]
+    flags = dict(zip(command[2::2], command[3::2], strict=True))
+    assert flags == {
+        "--model-path": "/ckpt",
+        "--host": "127.0.0.1",
+        "--port": "15001",
+        "--tp-size": "2",
+        "--base-gpu-id": "2",
+        "--mem-fraction-static": "0.7",
+    }
+    with pytest.raises(ValueError, match="not a multiple"):
+        engine_specs("/ckpt", num_gpus=3, gpus_per_engine=2, first_port=1)
+    assert router_command("127.0.0.1", 3000) == [
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "3000",
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(1200)
+def test_real_sglang_engine_behind_router(tiny_checkpoint):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or importlib.util.find_spec("sglang") is None:
+        pytest.skip("needs a CUDA GPU with SGLang installed (pip install -e '.[gpu]')")
+    import httpx
+
+    from slime_search.engines.sglang_launch import launch
+
+    deployment = launch(
+        [SGLangEngineSpec(str(tiny_checkpoint), port=31000, mem_fraction_static=0.3)], "127.0.0.1", 31100
+    )
+    try:
+        out = httpx.post(
+            f"{deployment.router_url}/generate",
+            json={
+                "input_ids": [9707, 1879],
+                "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
+                "return_logprob": True,
+            },
+            timeout=120,
+        ).json()
+        assert len(out["output_ids"]) == len(out["meta_info"]["output_token_logprobs"]) == 4
+    finally:
+        deployment.stop()

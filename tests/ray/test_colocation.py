@@ -1,0 +1,115 @@
+"""The colocated memory hand-over: each phase gets its layout, and no step ever needs more device memory than the
+device has (the side that leaves goes first). The real actor and engines run it in test_train_e2e."""
+
+import pytest
+
+from slime_search.ray.colocation import Colocation
+
+ACTOR, WEIGHTS, KV_CACHE = 4, 2, 3  # device memory of each part
+DEVICE = 6  # fits actor + engine weights, or the whole engine; never the actor with the KV cache
+
+
+class Device:
+    """Who holds memory on the shared device; refuses any step that would overfill it."""
+
+    def __init__(self):
+        self.held = {"actor": ACTOR, "weights": WEIGHTS, "kv_cache": KV_CACHE}  # before the actor makes room
+        self.capacity = ACTOR + WEIGHTS + KV_CACHE  # start-up: the engines start only after the first offload
+        self.log: list[str] = []
+
+    def take(self, part: str, size: int) -> None:
+        assert part not in self.held, f"{part} is already on the device"
+        self.held[part] = size
+        assert sum(self.held.values()) <= self.capacity, f"{self.log + [part]} overfills the device: {self.held}"
+        self.log.append(f"+{part}")
+
+    def give(self, part: str) -> None:
+        assert part in self.held, f"{part} is not on the device"
+        del self.held[part]
+        self.log.append(f"-{part}")
+
+
+class Group:
+    def __init__(self, device: Device):
+        self.device = device
+
+    def offload(self) -> int:
+        self.device.give("actor")
+        return ACTOR * 2**30
+
+    def onload(self) -> int:
+        self.device.take("actor", ACTOR)
+        return ACTOR * 2**30
+
+
+class RecordingColocation(Colocation):
+    """Engine calls go to the device model instead of the RolloutManager actor."""
+
+    def __init__(self, enabled: bool, device: Device):
+        super().__init__(enabled, Group(device))
+        self.device = device
+
+    def _engines(self, method: str, tags: list[str]) -> None:
+        for tag in tags:
+            if method == "release_memory":
+                self.device.give(tag)
+            else:
+                self.device.take(tag, {"weights": WEIGHTS, "kv_cache": KV_CACHE}[tag])
+
+
+def colocation() -> tuple[RecordingColocation, Device]:
+    device = Device()
+    col = RecordingColocation(True, device)
+    col.for_generation()  # the actor makes room before the engines start
+    device.capacity = DEVICE
+    return col, device
+
+
+def test_a_run_of_phases_never_overfills_the_device():
+    col, device = colocation()
+    phases = {
+        "generation": (col.for_generation, {"weights", "kv_cache"}),
+        "training": (col.for_training, {"actor"}),
+        "push": (col.for_weight_push, {"actor", "weights"}),
+    }
+    # rollout, train, push, save (a push layout), eval, rollout, train, push, resume (load, push), rollout
+    run = ["generation", "training", "push", "push", "generation", "generation", "training", "push"]
+    for phase in run + ["training", "push", "generation"]:
+        enter, expected = phases[phase]
+        enter()
+        assert set(device.held) == expected, f"{phase}: {device.held}"
+    assert col.metrics() == {"memory/actor_offloaded_gib": ACTOR}
+
+
+def test_each_hand_over_releases_before_it_takes():
+    col, device = colocation()
+    device.log.clear()
+    col.for_training()
+    assert device.log == ["-weights", "-kv_cache", "+actor"]
+    device.log.clear()
+    col.for_weight_push()
+    assert device.log == ["+weights"]
+    device.log.clear()
+    col.for_generation()
+    assert device.log == ["-actor", "+kv_cache"]
+    device.log.clear()
+    col.for_weight_push()  # straight from generation (a resume): engines out, actor in, weights back
+    assert device.log == ["-weights", "-kv_cache", "+actor", "+weights"]
+
+
+def test_repeating_a_phase_changes_nothing():
+    col, device = colocation()
+    for enter in (col.for_generation, col.for_training, col.for_weight_push):
+        enter()
+        held = dict(device.held)
+        device.log.clear()
+        enter()
+        assert device.log == [] and device.held == held
+
+
+@pytest.mark.parametrize("enter", ["for_generation", "for_training", "for_weight_push"])
+def test_without_colocate_nothing_moves(enter):
+    device = Device()
+    col = RecordingColocation(False, device)
+    getattr(col, enter)()
+    assert device.log == [] and col.metrics() == {}

@@ -1,0 +1,112 @@
+"""Rollout data source, groups, zero-variance filtering with over-sampling, advantages and the DP split."""
+
+import asyncio
+import random
+
+import pytest
+
+from slime_search.ray.train_group import split_for_data_parallel
+from slime_search.rollout.data_source import DataConfig, DataSource
+from slime_search.rollout.rollout import RolloutConfig, assign_advantages, generate_rollout
+from slime_search.search_r1.config import search_r1_args
+from slime_search.search_r1.prompt import make_row
+from slime_search.search_r1.reward import reward_func
+from slime_search.types import Sample, Status
+
+ROWS = [make_row({"question": f"q{i}", "golden_answers": [f"a{i}"]}, "nq", "train", i) for i in range(10)]
+
+
+def test_seeded_order_is_reproducible_and_leaves_global_rng_alone():
+    random.seed(1)
+    before = random.random()
+    random.seed(1)
+    source = DataSource(DataConfig(path="mem", shuffle=True, seed=3), rows=ROWS)
+    first = [p.index for p in source.take(10)]
+    assert random.random() == before  # no global RNG was consumed
+    assert sorted(first) == list(range(10)) and first != list(range(10))
+    second_epoch = [p.index for p in source.take(10)]
+    assert sorted(second_epoch) == list(range(10)) and second_epoch != first
+    again = DataSource(DataConfig(path="mem", shuffle=True, seed=3), rows=ROWS)
+    assert [p.index for p in again.take(10)] == first
+
+
+def test_resume_continues_where_it_stopped_across_epochs():
+    source = DataSource(DataConfig(path="mem", shuffle=True, seed=5), rows=ROWS)
+    source.take(7)
+    state = source.state_dict()
+    expected = [p.index for p in source.take(8)]  # wraps into epoch 1
+    resumed = DataSource(DataConfig(path="mem", shuffle=True, seed=5), rows=ROWS)
+    resumed.load_state_dict(state)
+    assert [p.index for p in resumed.take(8)] == expected
+    item = resumed.item(3)
+    assert item.label == {"style": "rule", "ground_truth": {"target": ["a3"]}} and item.metadata["data_source"] == "nq"
+
+
+def test_missing_keys_name_the_flags():
+    with pytest.raises(KeyError, match="--input-key / --label-key"):
+        DataSource(DataConfig(path="mem", input_key="question_text"), rows=ROWS)
+
+
+async def toy_generate(args, sample, sampling_params):
+    """A deterministic policy: odd prompts are always answered right, even ones right only by sample 0."""
+    question = int(sample.prompt[0]["content"].rsplit("Question: q", 1)[1].split("?")[0])
+    right = question % 2 == 1 or sample.index % args.n == 0
+    answer = f"a{question}" if right else "wrong"
+    sample.tokens = [1, 2]
+    sample.append_response_tokens([3, 4], generated=True, log_probs=[-0.1, -0.2], text=f"<answer> {answer} </answer>")
+    sample.status = Status.COMPLETED
+    return sample
+
+
+def test_groups_rewards_and_zero_std_filtering_with_oversampling():
+    args = search_r1_args(n=4)
+    source = DataSource(DataConfig(path="mem"), rows=ROWS)
+    config = RolloutConfig(batch_size=3, n_samples_per_prompt=4, filter_zero_std=True)
+    groups, metrics = asyncio.run(generate_rollout(args, source, config, toy_generate, reward_func, {}))
+    # odd questions: all 4 right (reward 1,1,1,1): no signal, dropped; even: one right of 4: kept.
+    # q0, q2 come in the first round (q1 dropped); a second round of 1 prompt (q3) is dropped; q4 fills the batch.
+    assert [g[0].metadata["data_source"] for g in groups] == ["nq"] * 3
+    assert [g[0].prompt[0]["content"].rsplit("q", 1)[1] for g in groups] == ["0?\n", "2?\n", "4?\n"]
+    assert metrics["rollout/groups_dropped_zero_std"] == 2.0
+    assert all(len({s.group_index for s in g}) == 1 and len(g) == 4 for g in groups)
+    assert metrics["rollout/reward_mean"] == pytest.approx(0.25)
+
+
+def test_advantages_skip_failed_samples_and_split_balances_tokens():
+    samples = []
+    for group, rewards in enumerate([[1.0, 0.0, 0.0], [1.0, 0.0]]):
+        for reward in rewards:
+            samples.append(
+                Sample(
+                    tokens=[0] * (3 + len(samples)),
+                    group_index=group,
+                    reward={"score": reward},
+                    status=Status.COMPLETED,
+                )
+            )
+    samples.append(Sample(tokens=[0] * 50, group_index=1, reward=None, status=Status.FAILED))
+    trainable = assign_advantages(samples, "score")
+    assert len(trainable) == 5 and "advantage" not in samples[-1].metadata
+    # group 1 normalised over its 2 survivors: [1, 0] -> +-0.7071
+    assert [round(s.metadata["advantage"], 4) for s in trainable[3:]] == [0.7071, -0.7071]
+    shards = split_for_data_parallel(trainable, 2)
+    loads = [sum(len(s.tokens) for s in shard) for shard in shards]
+    # lengths 3..7, longest first onto the lighter rank: 7 | 6, 5 -> B (11) | 4 -> A (11) | 3 -> A (14)
+    assert sorted(loads) == [11, 14] and sum(len(s) for s in shards) == 5
+    with pytest.raises(ValueError, match="cannot feed 8"):
+        split_for_data_parallel(trainable, 8)
+
+
+def test_row_range_suffix_selects_rows_like_slime(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slime_search.rollout.data_source import load_rows
+
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "t.parquet")
+    path = tmp_path / "t.parquet"
+    assert [r["extra_info"]["index"] for r in load_rows(f"{path}@[2:5]")] == [2, 3, 4]
+    assert len(load_rows(f"{path}@[:3]")) == 3 and len(load_rows(f"{path}@[7:]")) == 3
+    assert len(load_rows(path)) == 10
+    with pytest.raises(FileNotFoundError):
+        load_rows(f"{tmp_path / 'missing.parquet'}@[0:3]")

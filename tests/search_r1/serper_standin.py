@@ -1,0 +1,97 @@
+"""A local stand-in for Serper's search API and the web pages it links to, for the Serper client tests.
+
+    python tests/search_r1/serper_standin.py --port 0 --api-key KEY
+
+POST /search answers Serper-shaped JSON for known queries; the query "busy" gets a 429 with Retry-After on its
+first call. GET /page/{name} serves HTML pages in various encodings; /page/slow never answers in time.
+"""
+
+import argparse
+import asyncio
+import socket
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+CAFE = "Le café de Flore est un café parisien très célèbre, situé boulevard Saint-Germain depuis 1887 environ."
+PAGES = {
+    "latin1": (
+        f"<html><head><title>Flore</title><style>p {{}}</style></head><body><p>{CAFE}</p><p>Other text here.</p></body></html>".encode(
+            "latin-1"
+        ),
+        None,
+    ),
+    "utf8": (
+        b"<html><body><script>var x=1;</script><div>Header</div><p>The Eiffel Tower was completed in 1889 for the World's Fair in Paris.</p></body></html>",
+        "utf-8",
+    ),
+}
+
+
+def build_app(api_key: str):
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response
+
+    app = FastAPI()
+    calls: dict[str, int] = {}
+
+    @app.get("/health")
+    async def health():
+        return {"ok": True, "calls": calls}
+
+    @app.post("/search")
+    async def search(request: Request):
+        if request.headers.get("X-API-KEY") != api_key:
+            return JSONResponse({"message": "Unauthorized."}, status_code=403)
+        body = await request.json()
+        query = body["q"]
+        calls[query] = calls.get(query, 0) + 1
+        if query == "busy" and calls[query] == 1:
+            return JSONResponse({"message": "rate limited"}, status_code=429, headers={"Retry-After": "1"})
+        base = str(request.base_url).rstrip("/")
+        organic = [
+            {"title": "Café de Flore", "link": f"{base}/page/latin1", "snippet": f"{CAFE[:60]} ... {CAFE[60:]}"},
+            {"title": "No link here", "snippet": "An item without a link must keep its own snippet text in place."},
+            {
+                "title": "Eiffel Tower",
+                "link": f"{base}/page/utf8",
+                "snippet": "The Eiffel Tower was completed in 1889 for the World's Fair in Paris.",
+            },
+            {
+                "title": "Slow",
+                "link": f"{base}/page/slow",
+                "snippet": "A page that never loads in time for the client to read it.",
+            },
+        ]
+        return {"searchParameters": {"q": query}, "organic": organic[: body.get("num", 10)]}
+
+    @app.get("/page/{name}")
+    async def page(name: str):
+        if name == "slow":
+            await asyncio.sleep(30)
+        raw, charset = PAGES[name]
+        media = "text/html" + (f"; charset={charset}" if charset else "")
+        return Response(content=raw, media_type=None, headers={"Content-Type": media})
+
+    return app
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--api-key", required=True)
+    args = parser.parse_args()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", args.port))
+    print(f"serving on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    # a stop must not wait for the never-answering /page/slow request to finish
+    config = uvicorn.Config(build_app(args.api_key), log_level="warning", timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    asyncio.run(server.serve(sockets=[sock]))
+
+
+if __name__ == "__main__":
+    main()
