@@ -1,9 +1,11 @@
 """Package metadata for slime-search.
 
 CPU install (what the README and CI use):
-    pip install -c constraints.txt -e ".[dev]"
-GPU install (on a CUDA machine, after a CUDA build of torch):
-    pip install -e ".[gpu]"
+    pip install -c constraints.txt -e ".[cpu,dev]"
+GPU install (the pinned stack; docs/gpu.md):
+    pip install -c constraints-gpu.txt torch
+    pip install -c constraints-gpu.txt -e ".[gpu]"
+    pip install -c constraints-gpu.txt --no-build-isolation "transformer-engine[core_cu13,pytorch]"
 """
 
 from setuptools import find_packages, setup
@@ -13,7 +15,6 @@ CORE = [
     "megatron-core>=0.16,<0.17",
     "psutil",
     "ray>=2.40",
-    "faiss-cpu>=1.8",
     "bm25s>=0.2",
     "fastapi>=0.110",
     "uvicorn>=0.30",
@@ -29,8 +30,12 @@ CORE = [
     "matplotlib>=3.8",  # the run report's curves
 ]
 
-# Never imported at module import time: only on GPU code paths.
-GPU = ["sglang[all]>=0.4.9", "torch-memory-saver>=0.0.8", "transformer-engine[pytorch]>=2.2", "faiss-gpu-cu12>=1.8"]
+# faiss-cpu and faiss-gpu ship the same `faiss` package: exactly one of the two extras, never both.
+CPU = ["faiss-cpu>=1.8"]
+# Never imported at module import time: only on GPU code paths. The versions that go together are pinned in
+# constraints-gpu.txt; TransformerEngine compiles against the installed torch, so it is a separate step
+# (--no-build-isolation, docs/gpu.md). SGLang does not depend on its router, which every multi-engine run starts.
+GPU = ["sglang>=0.5.20,<0.6", "sglang-router>=0.3.2", "torch-memory-saver>=0.0.9.post1", "faiss-gpu-cu12>=1.8"]
 
 DEV = [
     "pytest>=8",
@@ -50,5 +55,5 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["slime_search*", "megatron_bridge*", "local_dense_retriever*"]),
     install_requires=CORE,
-    extras_require={"gpu": GPU, "dev": DEV},
+    extras_require={"cpu": CPU, "gpu": GPU, "dev": DEV},
 )

@@ -23,3 +23,41 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     from slime_search.models.tiny_qwen import save_tiny_checkpoint
 
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+class SGLangEngine:
+    """A real SGLang engine (CPU) shared by a test session; `reset()` gives it back the tiny checkpoint's weights at
+    version "0" and closes a weight-update session a failed test may have left open."""
+
+    def __init__(self, process, checkpoint: Path):
+        self.process = process
+        self.url = process.url
+        self.checkpoint = checkpoint
+
+    def reset(self) -> None:
+        reset_engine(self.url, self.checkpoint)
+
+
+def reset_engine(url: str, checkpoint: Path) -> None:
+    """Give an engine (SGLang or the CPU engine) `checkpoint`'s weights at version "0", outside any weight-update
+    session (a failed test may have left one open)."""
+    import httpx
+
+    httpx.post(f"{url}/end_weight_update", json={}, timeout=60)  # 400 when none is open: fine
+    body = {"model_path": str(checkpoint), "weight_version": "0"}
+    answer = httpx.post(f"{url}/update_weights_from_disk", json=body, timeout=300)
+    assert answer.status_code == 200, answer.text
+
+
+@pytest.fixture(scope="session")
+def sglang_engine(tiny_checkpoint, tmp_path_factory) -> SGLangEngine:
+    """Real SGLang serving the tiny checkpoint on this CPU machine (skipped without tests/sglang_cpu/setup.sh)."""
+    from slime_search.utils.net import free_port
+    from tests import sglang_cpu
+
+    log = tmp_path_factory.mktemp("sglang") / "engine.log"
+    process = sglang_cpu.start_engine(tiny_checkpoint, free_port(), log_path=log)
+    try:
+        yield SGLangEngine(process, tiny_checkpoint)
+    finally:
+        process.stop()

@@ -114,3 +114,21 @@ def test_run_config_derives_every_component_config_once_and_leaves_the_flags_alo
     on_cpu = run_config(args, vocab_size=100, use_gpu=False)  # colocated on CPU: the CPU engine, one rank
     assert (on_cpu.rollout.engines.num_gpus, on_cpu.weight_sync.ranks_per_engine) == (0, 1)
     assert on_cpu.eval_due(2) and not on_cpu.eval_due(1) and on_cpu.save_due(2) and not on_cpu.save_due(1)
+
+
+def test_the_3b_run_script_keeps_the_retriever_off_the_training_gpus():
+    import os
+    import subprocess
+
+    from tests.conftest import REPO_ROOT
+
+    script = REPO_ROOT / "examples" / "search-r1" / "run_qwen2.5_3B.sh"
+
+    def retriever_line(**env) -> str:
+        done = subprocess.run(["bash", str(script)], env={**os.environ, "DRY_RUN": "1", **env}, capture_output=True)
+        return next(line for line in done.stderr.decode().splitlines() if line.startswith("retriever:"))
+
+    on_cpu = retriever_line()
+    assert "CUDA_VISIBLE_DEVICES= " in on_cpu and "--faiss-gpu" not in on_cpu  # no GPU at all by default
+    own_gpu = retriever_line(RETRIEVER_GPUS="7", ROLLOUT_GPUS="2")
+    assert "CUDA_VISIBLE_DEVICES=7 " in own_gpu and own_gpu.endswith("--faiss-gpu --fp16")

@@ -3,9 +3,14 @@
 # parallel) and 4 for SGLang (2 engines of TP 2). Prepare data, index and checkpoints as in README.md, then
 #    bash examples/search-r1/run_qwen2.5_3B.sh
 # The script starts the retriever (unless SEARCH_URL is set) and a Ray head, and stops both when it ends.
-# Run it again with the same RUN_DIR to continue from the last checkpoint. USE_TIS=1 turns on TIS.
+# Run it again with the same RUN_DIR to continue from the last checkpoint. USE_TIS=1 turns on TIS; NUM_ROLLOUT=5
+# runs a short validation (docs/gpu.md).
 # COLOCATE=1 puts the SGLang engines on the actor's GPUs instead (memory handed over between phases, weights by
 # CUDA IPC); then ROLLOUT_GPUS is unused and ACTOR_GPUS=8 uses the whole node.
+# The retriever never shares a GPU with training: by default it encodes and searches on the CPU (use the HNSW index,
+# RETRIEVER_INDEX=indexes/e5_HNSW64.index, unless the node has the cores for a 21M-vector flat search); with
+# RETRIEVER_GPUS=ID[,ID] it takes those GPUs, which Ray then does not hand out (they must come after the
+# ACTOR_GPUS + ROLLOUT_GPUS that Ray uses), with the index on them in fp16.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 
@@ -24,6 +29,9 @@ RETRIEVER_PORT=${RETRIEVER_PORT:-8000}
 RAY_PORT=${RAY_PORT:-6380}
 USE_TIS=${USE_TIS:-0}
 COLOCATE=${COLOCATE:-0}
+NUM_ROLLOUT=${NUM_ROLLOUT:-1000}
+RETRIEVER_GPUS=${RETRIEVER_GPUS:-}
+RETRIEVER_INDEX=${RETRIEVER_INDEX:-${INDEX_DIR}/e5_Flat.index}
 
 CKPT_ARGS=(
    --hf-checkpoint "${MODEL_DIR}"
@@ -39,7 +47,7 @@ ROLLOUT_ARGS=(
    --label-key reward_model
    --apply-chat-template
    --rollout-shuffle
-   --num-rollout 1000
+   --num-rollout "${NUM_ROLLOUT}"
    --rollout-batch-size 32
    --n-samples-per-prompt 8
    --global-batch-size 256
@@ -114,16 +122,26 @@ TRAIN=(
    "${GRPO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${SGLANG_ARGS[@]}" "${CUSTOM_ARGS[@]}" "${WANDB_ARGS[@]}"
 )
 
+RETRIEVER_ARGS=(
+   --index-path "${RETRIEVER_INDEX}" --corpus-path "${INDEX_DIR}/wiki-18.jsonl"
+   --retriever-name e5 --retriever-model intfloat/e5-base-v2 --topk 3
+)
+if [[ -n "${RETRIEVER_GPUS}" ]]; then
+   RETRIEVER_ARGS+=(--faiss-gpu --fp16)
+fi
+
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
    run_or_print "${TRAIN[@]}" --search-url "${SEARCH_URL:-http://127.0.0.1:${RETRIEVER_PORT}/retrieve}"
+   # the retriever's device and flags, on stderr so that stdout stays the training command
+   echo "retriever: CUDA_VISIBLE_DEVICES=${RETRIEVER_GPUS} ${RETRIEVER_ARGS[*]}" >&2
    exit 0
 fi
 
 mkdir -p "${RUN_DIR}"
 if [[ -z "${SEARCH_URL:-}" ]]; then
-   start_retriever "${RETRIEVER_PORT}" "${RUN_DIR}/retriever.log" \
-      --index-path "${INDEX_DIR}/e5_Flat.index" --corpus-path "${INDEX_DIR}/wiki-18.jsonl" \
-      --retriever-name e5 --retriever-model intfloat/e5-base-v2 --topk 3
+   # an empty CUDA_VISIBLE_DEVICES keeps the encoder and the index off every GPU
+   CUDA_VISIBLE_DEVICES="${RETRIEVER_GPUS}" start_retriever "${RETRIEVER_PORT}" "${RUN_DIR}/retriever.log" \
+      "${RETRIEVER_ARGS[@]}"
 fi
 start_ray_head "${RAY_PORT}" "$((ACTOR_GPUS + ROLLOUT_GPUS))" "${RUN_DIR}/ray_head.log"
 run_or_print "${TRAIN[@]}" --search-url "${SEARCH_URL}"

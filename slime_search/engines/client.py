@@ -10,8 +10,43 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+# SGLang versions from which tensor and distributed weight updates must sit between /begin_weight_update and
+# /end_weight_update (0.5.21 added the session; earlier versions have no such endpoints).
+UPDATE_SESSION_FROM = (0, 5, 21)
+
+
 class EngineError(RuntimeError):
-    """The engine answered with an error or could not be reached."""
+    """The engine answered with an error or could not be reached (`status`: the HTTP status, if any)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+def release_of(version: str) -> tuple[int, ...]:
+    """(0, 5, 23) of "0.5.23", "0.5.23.post1" or "0.5.23rc0": the numeric release, for comparisons."""
+    import re
+
+    match = re.match(r"\d+(?:\.\d+)*", version.strip())
+    if match is None:
+        raise ValueError(f"not a version: {version!r}")
+    return tuple(int(part) for part in match.group(0).split("."))
+
+
+def needs_update_session(version: str) -> bool:
+    return release_of(version) >= UPDATE_SESSION_FROM
+
+
+def _decode(text: str) -> Any:
+    """SGLang answers JSON, plain text (/flush_cache) or an empty body (/health, /abort_request)."""
+    import json
+
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 @dataclass(frozen=True)
@@ -41,16 +76,16 @@ class EngineClient:
             self._loop = loop
         return self._session
 
-    async def _request(self, method: str, path: str, payload: dict | None = None) -> dict:
+    async def _request(self, method: str, path: str, payload: dict | None = None) -> Any:
         import aiohttp
 
         session = await self._get_session()
         url = f"{self.config.base_url}{path}"
         try:
             async with session.request(method, url, json=payload) as response:
-                body = await response.json(content_type=None)
+                body = _decode(await response.text())
                 if response.status >= 400:
-                    raise EngineError(f"{method} {path} -> HTTP {response.status}: {body}")
+                    raise EngineError(f"{method} {path} -> HTTP {response.status}: {body}", response.status)
                 return body
         except (TimeoutError, aiohttp.ClientError) as err:
             raise EngineError(f"{method} {url} failed: {type(err).__name__}: {err}") from err
@@ -72,38 +107,56 @@ class EngineClient:
             payload["rid"] = rid
         return await self._request("POST", "/generate", payload)
 
-    async def health(self) -> dict:
-        return await self._request("GET", "/health")
+    async def health(self) -> None:
+        """Raises unless the engine answers 200 (SGLang's /health runs a one-token generation)."""
+        await self._request("GET", "/health")
 
     async def model_info(self) -> dict:
-        return await self._request("GET", "/get_model_info")
+        return await self._request("GET", "/model_info")
+
+    async def server_info(self) -> dict:
+        return await self._request("GET", "/server_info")
+
+    async def version(self) -> str:
+        """The SGLang version the engine reports (the CPU engine reports the version whose API it serves)."""
+        return str((await self.server_info())["version"])
+
+    async def weight_version(self) -> str:
+        """The weight version the engine serves (GET /model_info)."""
+        return str((await self.model_info())["weight_version"])
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> dict:
+        """Answers {success, message, num_paused_requests}; read the served version with weight_version()."""
         payload: dict[str, Any] = {"model_path": model_path}
         if weight_version is not None:
             payload["weight_version"] = weight_version
         return await self._request("POST", "/update_weights_from_disk", payload)
 
-    async def weight_version(self) -> str:
-        """The weight version the engine serves (SGLang's GET /get_weight_version)."""
-        return str((await self._request("GET", "/get_weight_version"))["weight_version"])
+    async def begin_weight_update(self) -> dict:
+        """Open the weight-update session tensor and distributed updates need (SGLang >= 0.5.21)."""
+        return await self._request("POST", "/begin_weight_update", {})
 
-    async def release_memory(self, tags: list[str] | None = None) -> dict:
+    async def end_weight_update(self) -> dict:
+        return await self._request("POST", "/end_weight_update", {})
+
+    async def release_memory(self, tags: list[str] | None = None) -> None:
         """SGLang's memory hand-over to a colocated trainer; tags: weights, kv_cache, cuda_graph (None: all)."""
-        return await self._request("POST", "/release_memory_occupation", {"tags": tags})
+        await self._request("POST", "/release_memory_occupation", {"tags": tags})
 
-    async def resume_memory(self, tags: list[str] | None = None) -> dict:
-        return await self._request("POST", "/resume_memory_occupation", {"tags": tags})
+    async def resume_memory(self, tags: list[str] | None = None) -> None:
+        await self._request("POST", "/resume_memory_occupation", {"tags": tags})
 
-    async def post(self, path: str, payload: dict[str, Any]) -> dict:
+    async def post(self, path: str, payload: dict[str, Any]) -> Any:
         """Any other POST of SGLang's API (the weight-update group calls, for example)."""
         return await self._request("POST", path, payload)
 
-    async def flush_cache(self) -> dict:
+    async def flush_cache(self) -> str:
+        """SGLang answers in plain text."""
         return await self._request("POST", "/flush_cache")
 
-    async def abort(self, rid: str | None = None) -> dict:
-        return await self._request("POST", "/abort_request", {"rid": rid} if rid else {"abort_all": True})
+    async def abort(self, rid: str | None = None) -> None:
+        """Abort one request (its exact rid) or, without one, every request."""
+        await self._request("POST", "/abort_request", {"rid": rid} if rid else {"abort_all": True})
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:

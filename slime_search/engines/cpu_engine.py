@@ -36,6 +36,7 @@ class GenerationResult:
     weight_version: str = ""
 
 
+ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}  # SGLang's finish reason
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's; the CPU engine holds memory only for weights
 
 
@@ -44,7 +45,7 @@ class EngineNotReady(RuntimeError):
 
 
 class CpuEngine:
-    def __init__(self, model_path: str | Path, seed: int = 0, weight_version: str = "0"):
+    def __init__(self, model_path: str | Path, seed: int = 0, weight_version: str = "default"):
         from transformers import AutoTokenizer
 
         self.model_path = str(model_path)
@@ -134,7 +135,8 @@ class CpuEngine:
         self.model = new
         self.model_path = model_path
         self.stale = set()
-        self.weight_version = weight_version if weight_version is not None else str(int(self.weight_version) + 1)
+        if weight_version is not None:  # as SGLang: the version changes only when one is given
+            self.weight_version = weight_version
         return self.weight_version
 
     @torch.no_grad()
@@ -220,39 +222,37 @@ class CpuEngine:
             result.finish_reason = {"type": "length", "length": 0}
             return False
         if self._is_aborted(request.rid):
-            result.finish_reason = {"type": "abort", "message": "aborted before start"}
+            result.finish_reason = {"type": "abort", "message": "Abort in waiting queue"}  # SGLang's words
             return False
         return True
 
     def _append(self, request: GenerationRequest, result: GenerationResult, token: int, log_prob: float) -> bool:
-        """Record one generated token; return whether the row continues."""
+        """Record one generated token; return whether the row continues. As SGLang: output_ids keep every generated
+        token (the stop token too), and the text leaves the stop token or string out unless no_stop_trim."""
         params = request.params
         result.output_ids.append(token)
         result.log_probs.append(log_prob)
-        # Decoding every step costs O(n) per token; only stop strings need the running text.
-        text = (
-            self.tokenizer.decode(result.output_ids, skip_special_tokens=params.skip_special_tokens)
-            if params.stop
-            else None
-        )
-        reason = None
+        trim = not params.no_stop_trim
+
+        def decode(ids: list[int]) -> str:
+            return self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+
         if token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos):
-            reason = {"type": "stop", "matched": token}
-        else:
-            hits = [(text.find(s), s) for s in params.stop if s in text] if text is not None else []
+            text = decode(result.output_ids[:-1] if trim else result.output_ids)
+            return _finish(result, {"type": "stop", "matched": token}, text)
+        if params.stop:  # decoding every step costs O(n) per token; only stop strings need the running text
+            text = decode(result.output_ids)
+            hits = [(text.find(s), s) for s in params.stop if s in text]
             if hits:
                 position, matched = min(hits)
-                reason = {"type": "stop", "matched": matched}
-                if not params.no_stop_trim:
-                    text = text[:position]
-            elif len(result.output_ids) >= params.max_new_tokens:
-                reason = {"type": "length", "length": len(result.output_ids)}
-            elif self._is_aborted(request.rid):
-                reason = {"type": "abort", "message": "aborted by request"}
-        if reason is None:
-            return True
-        if text is None:
-            text = self.tokenizer.decode(result.output_ids, skip_special_tokens=params.skip_special_tokens)
-        result.text = text
-        result.finish_reason = reason
-        return False
+                return _finish(result, {"type": "stop", "matched": matched}, text[:position] if trim else text)
+        if len(result.output_ids) >= params.max_new_tokens:
+            return _finish(result, {"type": "length", "length": params.max_new_tokens}, decode(result.output_ids))
+        if self._is_aborted(request.rid):
+            return _finish(result, dict(ABORTED), decode(result.output_ids))
+        return True
+
+
+def _finish(result: GenerationResult, reason: dict, text: str) -> bool:
+    result.finish_reason, result.text = reason, text
+    return False

@@ -2,13 +2,17 @@
 
     python -m slime_search.engines.cpu_engine_server --model-path CKPT [--port 30000] [--max-batch-size 32]
 
-Endpoints: POST /generate, GET /health, GET /health_generate, GET /get_model_info,
-POST /update_weights_from_disk, GET /get_weight_version, POST /flush_cache, POST /abort_request, and the
-broadcast weight sync (POST /init_weights_update_group, /update_weights_from_distributed,
-/destroy_weights_update_group) over gloo, POST /update_weights_from_tensor with shared-memory handles, and
-POST /release_memory_occupation and /resume_memory_occupation for a colocated trainer. Concurrent /generate requests are
-collected for a few milliseconds and run as one batch (shared prefill and decode passes over a KV cache).
-Weight updates run on the same worker, between batches, so no generation ever mixes two weight versions.
+It answers as the pinned SGLang (SGLANG_VERSION, reported by /server_info) does, field for field, so that the
+client code paths that run against it are the ones that run against SGLang (tests hold both to the same
+assertions): POST /generate; GET /health, /health_generate (empty bodies); GET /model_info (the served weight
+version), /server_info; POST /update_weights_from_disk; the weight-update session (/begin_weight_update,
+/end_weight_update) that tensor and distributed updates must sit in; broadcast weight sync
+(/init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group) over gloo;
+/update_weights_from_tensor with shared-memory handles; /release_memory_occupation and /resume_memory_occupation
+(JSON null); /flush_cache (plain text); /abort_request (empty body). Concurrent /generate requests are collected for
+a few milliseconds and run as one batch (shared prefill and decode passes over a KV cache). Weight updates run on
+the same worker, between batches, so no generation ever mixes two weight versions. Where SGLang would crash on bad
+input (out-of-range token ids, unknown memory tags), the CPU engine answers 400 instead.
 """
 
 # No `from __future__ import annotations`: FastAPI resolves the handlers' annotations at run time.
@@ -27,6 +31,19 @@ from slime_search.utils.batching import WorkerBatcher, resolve
 
 logger = logging.getLogger(__name__)
 
+SGLANG_VERSION = "0.5.23"  # the SGLang release whose API this server answers (constraints-gpu.txt pins it)
+# The sampling parameters SGLang 0.5.23 accepts (api/v1/api_types.py); any other key is refused as SGLang refuses it.
+SGLANG_SAMPLING_KEYS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width", "watermark", "choice",
+)  # fmt: skip
+FLUSHED = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the "
+    "operation will not be performed.)\n"
+)
+
 
 @dataclass(frozen=True)
 class EngineServerConfig:
@@ -35,11 +52,29 @@ class EngineServerConfig:
 
 
 class BadRequest(ValueError):
-    pass
+    """400 with SGLang's error body {"error": {"message": ...}}."""
+
+
+class SchemaViolation(BadRequest):
+    """400 with SGLang 0.5.23's schema-check body {"error": "..."} (a string)."""
+
+
+def check_sampling_keys(params: Any) -> None:
+    if params is None:
+        return
+    if not isinstance(params, dict):
+        raise SchemaViolation("invalid type: sampling_params must be a map")
+    for key in params:
+        if key not in SGLANG_SAMPLING_KEYS:
+            expected = ", ".join(f"`{k}`" for k in SGLANG_SAMPLING_KEYS)
+            raise SchemaViolation(f"unknown field `{key}`, expected one of {expected}")
+    unsupported = sorted(set(params) - set(SamplingParams.__dataclass_fields__))
+    if unsupported:
+        raise BadRequest(f"sampling parameters the CPU engine does not implement: {unsupported}")
 
 
 def parse_generate(body: Any, tokenizer, vocab_size: int, max_positions: int):
-    """Validate a /generate body into (input_ids, SamplingParams, return_logprob, rid)."""
+    """Validate a /generate body into (GenerationRequest, return_logprob)."""
     from slime_search.engines.cpu_engine import GenerationRequest
 
     if not isinstance(body, dict):
@@ -47,7 +82,8 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, max_positions: int):
     if body.get("stream"):
         raise BadRequest("streaming is not supported by the CPU engine")
     if ("input_ids" in body) == ("text" in body):
-        raise BadRequest("give exactly one of 'input_ids' or 'text'")
+        raise BadRequest("Either text, input_ids or input_embeds should be provided.")
+    check_sampling_keys(body.get("sampling_params"))
     if "text" in body:
         if not isinstance(body["text"], str):
             raise BadRequest("'text' must be a string (batched prompts: send one request each)")
@@ -59,7 +95,7 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, max_positions: int):
         ):
             raise BadRequest("'input_ids' must be a list of integers (batched prompts: send one request each)")
     if not input_ids:
-        raise BadRequest("the prompt is empty")
+        raise BadRequest("input_ids cannot be empty.")
     bad = [t for t in input_ids if not 0 <= t < vocab_size]
     if bad:
         raise BadRequest(f"token ids out of range [0, {vocab_size}): {bad[:5]}")
@@ -76,12 +112,15 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, max_positions: int):
 
 
 def format_result(request, result, return_logprob: bool) -> dict:
+    completion = len(result.output_ids)
     meta = {
         "id": request.rid,
         "finish_reason": result.finish_reason,
         "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": len(result.output_ids),
         "weight_version": result.weight_version,
+        "completion_tokens": completion,
+        "cached_tokens": 0,
+        "weight_versions": [{"version": result.weight_version, "start": 0, "end": completion}],
     }
     if return_logprob:
         meta["output_token_logprobs"] = [
@@ -109,13 +148,55 @@ class GenerationBatcher(WorkerBatcher):
             resolve(future, result)
 
 
-def create_app(engine, config: EngineServerConfig):
-    from fastapi import FastAPI, Request
+class UpdateSession:
+    """SGLang's weight-update session: tensor and distributed updates are refused outside begin ... end."""
+
+    def __init__(self):
+        self.open = False
+
+    def begin(self) -> dict:
+        if self.open:
+            return {
+                "success": False,
+                "message": "a weight-update session is already open; call end_weight_update() first",
+            }
+        self.open = True
+        return {"success": True, "message": "Success"}
+
+    def end(self) -> dict:
+        if not self.open:
+            return {"success": False, "message": "no weight-update session is open; call begin_weight_update() first"}
+        self.open = False
+        return {"success": True, "message": "Success"}
+
+    def refusal(self, endpoint: str) -> dict | None:
+        if self.open:
+            return None
+        return {
+            "success": False,
+            "message": f"{endpoint} must run between begin_weight_update() and end_weight_update()",
+        }
+
+
+def answer(content: dict):
+    """SGLang's control answers: {"success", "message", ...}, 200 on success and 400 otherwise."""
     from fastapi.responses import JSONResponse
+
+    return JSONResponse(content, status_code=200 if content["success"] else 400)
+
+
+def failure(err: Exception) -> dict:
+    return {"success": False, "message": f"{type(err).__name__}: {err}"}
+
+
+def create_app(engine, config: EngineServerConfig):
+    from fastapi import FastAPI, Request, Response
+    from fastapi.responses import JSONResponse, PlainTextResponse
 
     from slime_search.engines.cpu_engine import EngineNotReady
 
     batcher = GenerationBatcher(engine, config)
+    session = UpdateSession()
     vocab_size = int(engine.model.config.vocab_size)
     max_positions = int(getattr(engine.model.config, "max_position_embeddings", 1 << 30))
 
@@ -137,21 +218,10 @@ def create_app(engine, config: EngineServerConfig):
     async def not_ready(request: Request, err: EngineNotReady):
         return JSONResponse({"error": {"message": str(err)}}, status_code=503)
 
-    @app.post("/release_memory_occupation")
-    async def release_memory(request: Request):
-        tags = memory_tags(await read_json(request))
-        await batcher.run_in_worker(engine.release_memory, tags)
-        return {"success": True, "message": f"released {tags or 'all'}"}
-
-    @app.post("/resume_memory_occupation")
-    async def resume_memory(request: Request):
-        tags = memory_tags(await read_json(request))
-        await batcher.run_in_worker(engine.resume_memory, tags)
-        return {"success": True, "message": f"resumed {tags or 'all'}"}
-
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, err: BadRequest):
-        return JSONResponse({"error": {"message": str(err)}}, status_code=400)
+        body = str(err) if isinstance(err, SchemaViolation) else {"message": str(err)}
+        return JSONResponse({"error": body}, status_code=400)
 
     @app.post("/generate")
     async def generate(request: Request):
@@ -162,15 +232,7 @@ def create_app(engine, config: EngineServerConfig):
 
     @app.get("/health")
     async def health():
-        return {
-            "status": "ok",
-            "weight_version": engine.weight_version,
-            "batches": batcher.batches,
-            "requests": batcher.units,
-            "queue_depth": batcher.queue_depth,
-            "released_memory": sorted(engine.released),
-            "weights_not_updated_since_resume": len(engine.stale),
-        }
+        return Response(status_code=200)
 
     @app.get("/health_generate")
     async def health_generate():
@@ -181,11 +243,30 @@ def create_app(engine, config: EngineServerConfig):
             max_positions,
         )
         await batcher.submit(probe)
-        return {"status": "ok"}
+        return Response(status_code=200)
 
-    @app.get("/get_model_info")
-    async def model_info():
-        return {"model_path": engine.model_path, "weight_version": engine.weight_version, "is_generation": True}
+    def model_info():
+        return {
+            "model_path": engine.model_path,
+            "tokenizer_path": engine.model_path,
+            "is_generation": True,
+            "weight_version": engine.weight_version,
+        }
+
+    def server_info():
+        state = {
+            "batches": batcher.batches,
+            "requests": batcher.units,
+            "queue_depth": batcher.queue_depth,
+            "released_memory": sorted(engine.released),
+            "weights_not_updated_since_resume": len(engine.stale),
+        }
+        return {"version": SGLANG_VERSION, "model_path": engine.model_path, "internal_states": [state]}
+
+    for path, info in (("/model_info", model_info), ("/get_model_info", model_info)):
+        app.get(path)(info)
+    for path, info in (("/server_info", server_info), ("/get_server_info", server_info)):
+        app.get(path)(info)
 
     @app.post("/update_weights_from_disk")
     async def update_weights(request: Request):
@@ -195,38 +276,53 @@ def create_app(engine, config: EngineServerConfig):
             raise BadRequest("'model_path' (an HF checkpoint folder) is required")
         version = body.get("weight_version")
         try:
-            new_version = await batcher.run_in_worker(
+            await batcher.run_in_worker(
                 engine.update_weights_from_disk, path, None if version is None else str(version)
             )
         except (OSError, ValueError) as err:
-            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
-        return {"success": True, "message": f"loaded {path}", "weight_version": new_version}
+            return answer({**failure(err), "num_paused_requests": 0})
+        message = "Succeeded to update model weights." + (f" Weight version updated to {version}." if version else "")
+        return answer({"success": True, "message": message, "num_paused_requests": 0})
 
-    @app.get("/get_weight_version")
-    async def get_weight_version():
-        return {"weight_version": engine.weight_version}
+    @app.post("/begin_weight_update")
+    async def begin_weight_update():
+        return answer(session.begin())
 
-    add_weight_update_group_routes(app, engine, batcher, read_json)
+    @app.post("/end_weight_update")
+    async def end_weight_update():
+        return answer(session.end())
 
-    add_tensor_update_route(app, engine, batcher, read_json)
+    @app.post("/release_memory_occupation")
+    async def release_memory(request: Request):
+        await batcher.run_in_worker(engine.release_memory, memory_tags(await read_json(request)))
+        return JSONResponse(None)
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory(request: Request):
+        await batcher.run_in_worker(engine.resume_memory, memory_tags(await read_json(request)))
+        return JSONResponse(None)
 
     @app.post("/flush_cache")
     async def flush_cache():
         # The KV cache lives only for the duration of a batch, so there is no cross-request cache to drop.
-        return {"success": True}
+        return PlainTextResponse(FLUSHED)
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
         body = await read_json(request)
         engine.abort(None if body.get("abort_all") else str(body.get("rid", "")) or None)
-        return {"success": True}
+        return Response(status_code=200)
 
+    add_tensor_update_route(app, engine, batcher, session, read_json)
+    add_weight_update_group_routes(app, engine, batcher, session, read_json)
     return app
 
 
-def memory_tags(body: dict) -> list[str] | None:
+def memory_tags(body: Any) -> list[str] | None:
     from slime_search.engines.cpu_engine import CpuEngine
 
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
     tags = body.get("tags")
     if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
         raise BadRequest("'tags' must be a list of strings or null")
@@ -237,17 +333,23 @@ def memory_tags(body: dict) -> list[str] | None:
     return tags
 
 
-def require(body: dict, key: str, kind: type):
+def require(body: Any, key: str, kind: type):
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
     value = body.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
         raise BadRequest(f"'{key}' ({kind.__name__}) is required")
     return value
 
 
-def add_tensor_update_route(app, engine, batcher, read_json) -> None:
+def optional_version(body: dict) -> str | None:
+    version = body.get("weight_version")
+    return None if version is None else str(version)
+
+
+def add_tensor_update_route(app, engine, batcher, session: UpdateSession, read_json) -> None:
     """SGLang's tensor-handle weight sync: one serialized list of (name, tensor) over shared memory."""
     from fastapi import Request
-    from fastapi.responses import JSONResponse
 
     @app.post("/update_weights_from_tensor")
     async def update_from_tensor(request: Request):
@@ -259,24 +361,24 @@ def add_tensor_update_route(app, engine, batcher, read_json) -> None:
             raise BadRequest("the CPU engine is one rank: send one serialized_named_tensors entry (a string)")
         if body.get("load_format") not in (None, "direct"):
             raise BadRequest(f"load_format {body.get('load_format')!r} is not supported (use null)")
-        version = body.get("weight_version")
+        refused = session.refusal("update_weights_from_tensor")
+        if refused:
+            return answer(refused)
+        version = optional_version(body)
 
         def load():
-            return engine.load_named_tensors(
-                deserialize_named_tensors(entries[0]), None if version is None else str(version)
-            )
+            return engine.load_named_tensors(deserialize_named_tensors(entries[0]), version)
 
         try:
-            served = await batcher.run_in_worker(load)
+            await batcher.run_in_worker(load)
         except ValueError as err:
-            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
-        return {"success": True, "message": "loaded", "weight_version": served}
+            return answer(failure(err))
+        return answer({"success": True, "message": "Success"})
 
 
-def add_weight_update_group_routes(app, engine, batcher, read_json) -> None:
+def add_weight_update_group_routes(app, engine, batcher, session: UpdateSession, read_json) -> None:
     """SGLang's broadcast weight sync over gloo: join the trainer's group, receive buckets, leave."""
     from fastapi import Request
-    from fastapi.responses import JSONResponse
 
     from slime_search.engines.weight_wire import DEFAULT_GROUP_NAME, join_weight_update_group, receive_tensors
 
@@ -298,8 +400,8 @@ def add_weight_update_group_routes(app, engine, batcher, read_json) -> None:
                 join_weight_update_group, "gloo", address, port, rank, world_size, name, 600.0
             )
         except (RuntimeError, ValueError) as err:
-            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
-        return {"success": True, "message": f"joined {name} as rank {rank} of {world_size}"}
+            return answer(failure(err))
+        return answer({"success": True, "message": f"joined {name} as rank {rank} of {world_size}"})
 
     @app.post("/update_weights_from_distributed")
     async def update_from_distributed(request: Request):
@@ -312,17 +414,20 @@ def add_weight_update_group_routes(app, engine, batcher, read_json) -> None:
             require(body, "dtypes", list),
             require(body, "shapes", list),
         )
-        version = body.get("weight_version")
+        refused = session.refusal("update_weights_from_distributed")
+        if refused:  # as SGLang: refused before any tensor is received
+            return answer(refused)
+        version = optional_version(body)
 
         def receive_and_load():
             tensors = receive_tensors(groups[name], names, dtypes, shapes)
-            return engine.load_named_tensors(tensors, None if version is None else str(version))
+            return engine.load_named_tensors(tensors, version)
 
         try:
-            served = await batcher.run_in_worker(receive_and_load)
+            await batcher.run_in_worker(receive_and_load)
         except (RuntimeError, ValueError) as err:
-            return JSONResponse({"success": False, "message": f"{type(err).__name__}: {err}"}, status_code=400)
-        return {"success": True, "message": f"loaded {len(names)} tensors", "weight_version": served}
+            return answer(failure(err))
+        return answer({"success": True, "message": "Succeeded to update parameter online."})
 
     @app.post("/destroy_weights_update_group")
     async def destroy_group(request: Request):
@@ -331,9 +436,9 @@ def add_weight_update_group_routes(app, engine, batcher, read_json) -> None:
         body = await read_json(request)
         name = body.get("group_name") or DEFAULT_GROUP_NAME
         if name not in groups:
-            return JSONResponse({"success": False, "message": f"not in weight-update group {name!r}"}, status_code=400)
+            return answer({"success": False, "message": f"not in weight-update group {name!r}"})
         dist.destroy_process_group(groups.pop(name))
-        return {"success": True, "message": f"left {name}"}
+        return answer({"success": True, "message": f"left {name}"})
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -344,7 +449,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--weight-version", default="0")
+    parser.add_argument("--weight-version", default="default", help="the version served before any update (SGLang's)")
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     return parser.parse_args(argv)
 

@@ -67,6 +67,6 @@ def start_engines(config: EngineConfig, log_dir: Path, gpu_ids: list[str] | None
         deployment = sglang_launch.launch(specs, "127.0.0.1", config.router_port or free_port(), env=env)
         return Engines(deployment.router_url, [s.url for s in specs], [deployment])
     command = ["-m", "slime_search.engines.cpu_engine_server", "--model-path", config.model_path, "--port", "0"]
-    command += ["--max-batch-size", str(config.cpu_max_batch_size), "--seed", str(config.seed)]
+    command += ["--max-batch-size", str(config.cpu_max_batch_size), "--seed", str(config.seed), "--weight-version", "0"]
     engine = ServerProcess(command, log_path=Path(log_dir) / "engine.log")
     return Engines(engine.url, [engine.url], [engine])

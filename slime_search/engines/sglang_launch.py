@@ -1,14 +1,18 @@
-"""Launch SGLang engines (one `sglang.launch_server` per engine) and the SGLang router, on GPU machines.
+"""Launch SGLang engines (one `sglang.launch_server` per engine) and the SGLang router.
 
-SGLang is imported by the child processes only; building commands and registering workers need no GPU.
-Each engine serves SGLang's native API on its own port; the router spreads /generate over the engines, and
-clients (the generate plugin, weight sync) talk to the router or to each engine through the same HTTP API.
+SGLang is imported by the child processes only; building commands and registering workers need no GPU. Each engine
+serves SGLang's native API on its own port; the router spreads /generate over the engines, and the control calls
+(weight updates, memory hand-over, abort) go to each engine's own address, since the router does not route them.
+Engines start together (all spawned, then all awaited). The router runs without its own health checks and circuit
+breaker: SGLang's /health is a real one-token generation, which an engine that has released its memory to a
+colocated trainer must not run, and which takes longer than the router's 5 s probe while a weight update holds it.
+Worker registration (`POST /workers`) is asynchronous in the router, so `launch` waits until every engine is listed.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -26,6 +30,7 @@ class SGLangEngineSpec:
     base_gpu_id: int = 0
     mem_fraction_static: float = 0.8
     host: str = "127.0.0.1"
+    weight_version: str = "0"  # served before the first update (SGLang's own default is "default")
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -48,6 +53,8 @@ class SGLangEngineSpec:
             str(self.base_gpu_id),
             "--mem-fraction-static",
             str(self.mem_fraction_static),
+            "--weight-version",
+            self.weight_version,
             *self.extra_args,
         ]
 
@@ -82,20 +89,44 @@ def engine_specs(
 
 
 def router_command(host: str, port: int) -> list[str]:
-    return ["-m", "sglang_router.launch_router", "--host", host, "--port", str(port)]
+    return [
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--disable-health-check",
+        "--disable-circuit-breaker",
+    ]
 
 
 def register_worker(router_url: str, worker_url: str, timeout_s: float = 30.0) -> None:
-    """Add an engine to the router: `POST /workers` (current gateway), else `POST /add_worker?url=` (older)."""
+    """Add an engine to the router (`POST /workers`, which the router answers 202 and carries out later)."""
     response = httpx.post(
         f"{router_url}/workers", json={"url": worker_url, "worker_type": "regular"}, timeout=timeout_s
     )
-    if response.status_code == 404:
-        response = httpx.post(f"{router_url}/add_worker", params={"url": worker_url}, timeout=timeout_s)
     if response.status_code >= 400:
         raise RuntimeError(
             f"router {router_url} refused worker {worker_url}: HTTP {response.status_code} {response.text[:200]}"
         )
+
+
+def registered_workers(router_url: str) -> set[str]:
+    """The engines the router sends requests to (listed and healthy)."""
+    listing = httpx.get(f"{router_url}/workers", timeout=10).json()
+    return {worker["url"] for worker in listing.get("workers", []) if worker.get("is_healthy", False)}
+
+
+def wait_registered(router_url: str, worker_urls: list[str], timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = set(worker_urls) - registered_workers(router_url)
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"router {router_url} never listed the engines {sorted(missing)}")
+        time.sleep(0.2)
 
 
 @dataclass
@@ -116,26 +147,47 @@ def launch(
     router_port: int,
     timeout_s: float = 900.0,
     env: dict[str, str] | None = None,
+    python: str | None = None,
 ) -> SGLangDeployment:
-    """Start every engine (with `env` added to its environment), wait for /health_generate, start the router and
-    register the engines with it."""
-    if "sglang" not in sys.modules:
+    """Start every engine, wait until all answer /health_generate, start the router and register the engines with it.
+    Every process gets `env` added to its environment and runs under `python` (this interpreter by default)."""
+    if python is None:
         import importlib.util
 
         if importlib.util.find_spec("sglang") is None:
-            raise RuntimeError("SGLang is not installed: pip install -e '.[gpu]' on a CUDA machine")
+            raise RuntimeError("SGLang is not installed: see docs/gpu.md for the pinned GPU install")
     engines: list[ServerProcess] = []
     try:
         for spec in specs:
             engines.append(
-                ServerProcess(spec.command(), health_path="/health_generate", timeout=timeout_s, url=spec.url, env=env)
+                ServerProcess(
+                    spec.command(),
+                    health_path="/health_generate",
+                    timeout=timeout_s,
+                    url=spec.url,
+                    env=env,
+                    python=python,
+                    wait=False,
+                )
             )
+        for engine in engines:
+            engine.wait_ready()
         router_url = f"http://{router_host}:{router_port}"
         router = ServerProcess(
-            router_command(router_host, router_port), health_path="/health", timeout=120, url=router_url
+            router_command(router_host, router_port),
+            health_path="/health",
+            timeout=120,
+            url=router_url,
+            env=env,
+            python=python,
         )
-        for spec in specs:
-            register_worker(router_url, spec.url)
+        try:
+            for spec in specs:
+                register_worker(router_url, spec.url)
+            wait_registered(router_url, [spec.url for spec in specs])
+        except BaseException:
+            router.stop()
+            raise
     except BaseException:
         for engine in engines:
             engine.stop()

@@ -3,12 +3,12 @@
 
 * Broadcast (SGLang's weight-update group): dtype names as SGLang reads them, joining the group the way SGLang
   creates its side of it, and an engine's receipt of one bucket.
-* Tensor handles (SGLang's /update_weights_from_tensor): one serialized list of (name, tensor) per engine TP rank.
-  On GPU: CUDA IPC handles, serialized by SGLang's own `MultiprocessingSerializer` with SGLang's patched reductions,
-  which name the device by UUID so that an engine with another CUDA_VISIBLE_DEVICES finds it. On CPU (the CPU engine):
-  the same wire format (base64 of a `ForkingPickler` dump) over named shared-memory files (torch's `file_system`
-  sharing strategy; the default file-descriptor one only works between parent and child). The engine side unpickles
-  with an allowlist: only torch's tensor and storage rebuilders, never arbitrary code.
+* Tensor handles (SGLang's /update_weights_from_tensor): one serialized payload per engine TP rank. On GPU: a
+  flattened bucket of CUDA IPC handles, serialized by SGLang's own `MultiprocessingSerializer` with SGLang's patched
+  reductions, which name the device by UUID so that an engine with another CUDA_VISIBLE_DEVICES finds it. On CPU: a
+  list of (name, tensor) in the same wire format (base64 of a `ForkingPickler` dump) over named shared-memory files
+  (torch's `file_system` sharing strategy; the default file-descriptor one only works between parent and child). The
+  CPU engine unpickles with an allowlist: only torch's tensor and storage rebuilders, never arbitrary code.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import base64
 import io
 import pickle
 from datetime import timedelta
+from typing import Any
 
 import torch
 
@@ -97,6 +98,21 @@ def serialize_named_tensors(named_tensors: list[tuple[str, torch.Tensor]]) -> st
     buffer = io.BytesIO()
     ForkingPickler(buffer).dump(named_tensors)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def tensor_bucket_payload(named_tensors: list[tuple[str, torch.Tensor]]) -> tuple[str, str | None, Any]:
+    """One rank's /update_weights_from_tensor entry for a bucket, its `load_format`, and what must stay alive until the
+    engine has answered. CUDA tensors go as one flattened bucket (SGLang's "flattened_bucket": a single IPC handle
+    per bucket rather than one per tensor, which the engine would otherwise open hundreds of times per push); CPU
+    tensors as a list of (name, tensor) in shared memory, which SGLang reads as it is and the CPU engine reads (a
+    flattened bucket is pickled with SGLang's own classes, which a trainer without SGLang cannot load)."""
+    if any(t.is_cuda for _, t in named_tensors):
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+        bucket = FlattenedTensorBucket(named_tensors=named_tensors)
+        flat = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
+        return _sglang_serializer().serialize(flat, output_str=True), "flattened_bucket", flat
+    return serialize_named_tensors(named_tensors), None, named_tensors
 
 
 def _sglang_serializer():

@@ -2,7 +2,7 @@
 
 Rollout and eval need the engines whole (weights and KV cache) and the actor away; training needs the actor back
 and the engines released; a weight push needs the actor in place and the engines' weight memory, not yet their KV
-cache. Each phase asks for its layout and only the changes are made, in an order that never holds both sides'
+cache and CUDA graphs. Each phase asks for its layout and only the changes are made, in an order that never holds both sides'
 memory at once: the side that leaves goes first. Without --colocate every call is a no-op.
 """
 
@@ -30,8 +30,14 @@ class Colocation:
         self.offloaded_bytes = 0  # what the actor last handed over
 
     def _engine_tags(self, held: bool) -> list[str]:
-        """SGLang's memory tags the engines currently hold (or, with held=False, have given back)."""
-        tags = {"weights": self.layout.engine_weights, "kv_cache": self.layout.engine_kv_cache}
+        """SGLang's memory tags the engines currently hold (or, with held=False, have given back). CUDA-graph memory
+        goes and comes with the KV cache: it is needed for generation only, and it is GBs an engine would otherwise
+        keep through training."""
+        tags = {
+            "weights": self.layout.engine_weights,
+            "kv_cache": self.layout.engine_kv_cache,
+            "cuda_graph": self.layout.engine_kv_cache,
+        }
         return [tag for tag, on in tags.items() if on == held]
 
     def _engines(self, method: str, tags: list[str]) -> None:

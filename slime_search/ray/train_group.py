@@ -65,6 +65,20 @@ def split_for_data_parallel(samples: list, dp_size: int) -> list[list]:
     return shards
 
 
+# SGLang sets NCCL_CUMEM_ENABLE=0 in its engines; the trainer's end of the NCCL weight-update group must use the same
+# memory mode, or the first broadcast between them fails in NCCL's IPC set-up.
+RANK_ENV = {"NCCL_CUMEM_ENABLE": "0"}
+
+
+def rank_options(config: TrainGroupConfig) -> dict[str, Any]:
+    """Ray actor options of one rank (its bundle comes with the scheduling strategy)."""
+    return {
+        "num_cpus": config.cpus_per_rank,
+        "num_gpus": 1 if config.use_gpu else 0,
+        "runtime_env": {"env_vars": dict(RANK_ENV)},
+    }
+
+
 class TrainRank(WeightSyncRank):
     """One Megatron rank inside a Ray actor (wrapped by ray.remote in RayTrainGroup)."""
 
@@ -158,8 +172,7 @@ class RayTrainGroup:
         port = free_port()
         self.ranks = [
             remote.options(
-                num_cpus=config.cpus_per_rank,
-                num_gpus=1 if config.use_gpu else 0,
+                **rank_options(config),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement_group, placement_group_bundle_index=r
                 ),

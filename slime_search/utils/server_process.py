@@ -36,15 +36,22 @@ class ServerProcess:
         log_path: str | Path | None = None,
         env: dict[str, str] | None = None,
         url: str | None = None,
+        python: str | None = None,
+        wait: bool = True,
     ):
-        """`url`: where the server will listen, for programs that do not print READY_PREFIX (SGLang)."""
+        """`url`: where the server will listen, for programs that do not print READY_PREFIX (SGLang). `python`: the
+        interpreter to run `argv` with (this one by default). `wait=False` only starts the process: start several,
+        then `wait_ready()` on each, and they come up together rather than one after another."""
         if log_path is None:
             handle, log_path = tempfile.mkstemp(prefix="server-", suffix=".log")
             os.close(handle)
         self.log_path = Path(log_path)
+        self.health_path = health_path
+        self.url = url
+        self._deadline = time.monotonic() + timeout
         self._log = open(self.log_path, "w")  # noqa: SIM115 - the child writes to it for its whole life
         self.proc = subprocess.Popen(
-            [sys.executable, *argv],
+            [python or sys.executable, *argv],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -52,9 +59,15 @@ class ServerProcess:
             env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})},
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait (until the start's deadline) for the address and a healthy answer; stop the server on failure."""
         try:
-            self.url = url or self._wait_for_address(timeout)
-            self._wait_until_healthy(health_path, timeout)
+            if self.url is None:
+                self.url = self._wait_for_address()
+            self._wait_until_healthy()
         except BaseException:
             self.stop()
             raise
@@ -62,22 +75,20 @@ class ServerProcess:
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 
-    def _wait_for_address(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def _wait_for_address(self) -> str:
+        while time.monotonic() < self._deadline:
             for line in self.log_path.read_text(errors="replace").splitlines():
                 if line.startswith(READY_PREFIX):
                     return line[len(READY_PREFIX) :].strip()
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with code {self.proc.returncode}: {self.log_tail()}")
             time.sleep(0.05)
-        raise RuntimeError(f"server printed no address within {timeout:.0f}s: {self.log_tail()}")
+        raise RuntimeError(f"server printed no address in time: {self.log_tail()}")
 
-    def _wait_until_healthy(self, health_path: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def _wait_until_healthy(self) -> None:
+        while time.monotonic() < self._deadline:
             try:
-                if httpx.get(f"{self.url}{health_path}", timeout=5).status_code == 200:
+                if httpx.get(f"{self.url}{self.health_path}", timeout=5).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

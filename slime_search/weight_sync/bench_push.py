@@ -4,7 +4,8 @@
     python -m slime_search.weight_sync.bench_push --hidden-size 256 --num-layers 4 --repeats 5
 
 The trainer side is this process holding the HF-named state (the Megatron gather and name conversion before a
-push are the same for every transport and not timed). Each push is checked: the engine must serve its version.
+push are the same for every transport and not timed); the disk-free pushes sit in SGLang's weight-update session,
+as the transports' do. Each push is checked: the engine must serve its version.
 Prints seconds per push (median of --repeats) and the effective bandwidth.
 """
 
@@ -48,9 +49,11 @@ def push_by_handles(url: str, state: dict, bucket_bytes: int, version: str) -> N
     from slime_search.engines.weight_wire import serialize_named_tensors
     from slime_search.weight_sync.broadcast import with_last
     from slime_search.weight_sync.tensor_handles import post_bucket
+    from slime_search.weight_sync.transports import weight_update_session
 
-    for bucket, last in with_last(iter_buckets(state.items(), bucket_bytes)):
-        asyncio.run(post_bucket(url, [serialize_named_tensors(bucket)], version if last else None))
+    with weight_update_session([url]):
+        for bucket, last in with_last(iter_buckets(state.items(), bucket_bytes)):
+            asyncio.run(post_bucket(url, [serialize_named_tensors(bucket)], version if last else None))
 
 
 def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from slime_search.utils.net import free_port
     from slime_search.utils.server_process import ServerProcess
     from slime_search.weight_sync.broadcast import BroadcastConfig, WeightBroadcaster
-    from slime_search.weight_sync.transports import served_versions
+    from slime_search.weight_sync.transports import served_versions, weight_update_session
 
     bucket_bytes = args.bucket_mb * 1024**2
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
             broadcaster.connect([engine.url], [1], "127.0.0.1", free_port())
             connect_s = time.perf_counter() - started
             try:
-                results["nccl (gloo)"] = timed(lambda r: broadcaster.push(state, f"b{r}")[0], args.repeats, check)
+
+                def broadcast(r: int) -> str:
+                    with weight_update_session([engine.url]):
+                        return broadcaster.push(state, f"b{r}")[0]
+
+                results["nccl (gloo)"] = timed(broadcast, args.repeats, check)
             finally:
                 broadcaster.close()
             results["tensor (shared memory)"] = timed(

@@ -70,6 +70,7 @@ class WeightBroadcaster:
         self.config = config
         self.group = None
         self.engine_urls: list[str] = []
+        self.broken = False  # a broadcast was left pending in the group: no push may use it again
 
     def connect(self, engine_urls: list[str], ranks_per_engine: list[int], master_address: str, port: int) -> None:
         """Engines take ranks 1.. in order (an engine of k GPUs k consecutive ranks); the trainer is rank 0."""
@@ -133,6 +134,8 @@ class WeightBroadcaster:
         ahead (to know which is the last), so it holds at most two buckets at a time."""
         if self.group is None:
             raise RuntimeError("connect() to the engines before pushing weights")
+        if self.broken:
+            raise RuntimeError("an engine refused a bucket mid-push; the weight-update group cannot be used again")
         return asyncio.run(self._push(buckets, weight_version))
 
     async def _push(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], weight_version: str) -> list[str]:
@@ -147,11 +150,19 @@ class WeightBroadcaster:
                 "flush_cache": last,
                 **({"weight_version": weight_version} if last else {}),
             }
-            posts = [
-                asyncio.create_task(_post(url, "/update_weights_from_distributed", payload)) for url in self.engine_urls
-            ]
-            await asyncio.to_thread(broadcast_tensors, self.group, tensors)
-            for url, answer in zip(self.engine_urls, await asyncio.gather(*posts), strict=True):
+            answers = asyncio.gather(
+                *(_post(url, "/update_weights_from_distributed", payload) for url in self.engine_urls)
+            )
+            sending = host_in_thread(broadcast_tensors, self.group, tensors)
+            # An engine that refuses a bucket before receiving it (SGLang does, outside a weight-update session)
+            # answers at once and never joins the broadcast: fail then, instead of blocking in it until the group's
+            # timeout. The group is left with a broadcast nobody receives, so it cannot be used again.
+            await asyncio.wait([sending, answers], return_when=asyncio.FIRST_EXCEPTION)
+            if answers.done() and answers.exception() is not None and not sending.done():
+                self.broken = True
+                raise answers.exception()
+            await sending
+            for url, answer in zip(self.engine_urls, await answers, strict=True):
                 _check(url, "update_weights_from_distributed", answer)
             pushed += 1
         if not pushed:
@@ -175,8 +186,9 @@ class WeightBroadcaster:
         for url, answer in zip(self.engine_urls, asyncio.run(leave_all()), strict=True):
             if isinstance(answer, Exception) or not answer.get("success", False):
                 logger.warning("engine %s did not leave the weight-update group: %s", url, answer)
-        dist.destroy_process_group(self.group)
-        self.group = None
+        if not self.broken:  # a broken group still has a broadcast in flight on another thread: leave it be
+            dist.destroy_process_group(self.group)
+        self.group, self.broken = None, False
 
 
 def host_in_thread(function, *args) -> asyncio.Future:
@@ -218,13 +230,18 @@ def _check(url: str, what: str, answer: dict) -> None:
 class BroadcastTransport(WeightTransport):
     """Rank 0 hosts the weight-update group the engines join once; every push streams the weights through it."""
 
+    uses_update_session = True
+
     def connect(self) -> None:
+        super().connect()
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         config = BroadcastConfig(backend, self.config.bucket_bytes)
         self.group.on_all_ranks("connect_engines", self.engine_urls, self.ranks_per_engine, config)
 
     def push(self, version: str) -> str:
-        return check_served(self.group.on_all_ranks("broadcast_weights", version)[0], version)
+        with self.update_session():
+            served = self.group.on_all_ranks("broadcast_weights", version)[0]
+        return check_served(served, version)
 
     def close(self) -> None:
         self.group.on_all_ranks("disconnect_engines")

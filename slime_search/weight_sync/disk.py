@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from megatron_bridge import Qwen2Shape, megatron_to_hf
-from slime_search.weight_sync.transports import WeightTransport, check_served
+from slime_search.weight_sync.transports import WeightTransport, check_served, served_versions
 
 
 def write_hf_checkpoint(
@@ -39,16 +39,19 @@ def write_hf_checkpoint(
 
 
 async def update_engines_from_disk(engine_urls: list[str], model_path: str, weight_version: str) -> list[str]:
-    """Every engine loads `model_path`; returns the versions they report (all must equal `weight_version`)."""
-    from slime_search.engines.client import EngineError, call_engine, on_every_engine
+    """Every engine loads `model_path`; returns the versions they then serve (all must equal `weight_version`).
+    SGLang's answer says only whether the load succeeded; the served version is read from GET /model_info."""
+    from slime_search.engines.client import call_engine, check_success, on_every_engine
 
-    async def one(url: str) -> str:
-        answer = await call_engine(url, "update_weights_from_disk", model_path, weight_version)
-        if not answer.get("success") or str(answer.get("weight_version")) != weight_version:
-            raise EngineError(f"engine {url} did not switch to weight version {weight_version}: {answer}")
-        return str(answer["weight_version"])
+    async def one(url: str) -> None:
+        check_success(
+            url,
+            "update_weights_from_disk",
+            await call_engine(url, "update_weights_from_disk", model_path, weight_version),
+        )
 
-    return await on_every_engine(engine_urls, one)
+    await on_every_engine(engine_urls, one)
+    return await served_versions(engine_urls)
 
 
 class DiskTransport(WeightTransport):

@@ -87,15 +87,18 @@ class WeightSyncRank:
         self._serves_engine = self.rank < serving_ranks
         self._sent = None
 
-    def next_weight_handles(self) -> tuple[str | None, bool]:
+    def next_weight_handles(self) -> tuple[str | None, str | None, bool]:
         """Collective, called once the engines answered for the previous bucket, which is dropped: the next bucket as
-        handles (None on a rank without an engine) and whether it is the last one."""
-        from slime_search.engines.weight_wire import serialize_named_tensors
+        handles (None on a rank without an engine), its load_format, and whether it is the last one."""
+        from slime_search.engines.weight_wire import tensor_bucket_payload
 
         self._sent = None
         release_ipc_memory()
-        self._sent, last = next(self._handle_buckets)
-        return (serialize_named_tensors(self._sent) if self._serves_engine else None), last
+        bucket, last = next(self._handle_buckets)
+        if not self._serves_engine:
+            return None, None, last
+        entry, load_format, self._sent = tensor_bucket_payload(bucket)
+        return entry, load_format, last
 
     def finish_weight_handles(self) -> None:
         self._handle_buckets, self._sent = None, None

@@ -14,12 +14,18 @@ decoder layer, head) at a time into buckets (`gather.iter_hf_buckets`), so a pus
 whole model on the trainer's device. After a push every engine must report the new version, so a rollout never
 starts on mixed versions.
 
+Tensor and distributed updates sit in SGLang's weight-update session (/begin_weight_update ... /end_weight_update)
+on engines whose SGLang version needs it (0.5.21 and later); the version each engine serves is read from
+GET /model_info.
+
 This module imports nothing heavy: the flags read the registry, and an implementation is imported when it is built.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -41,17 +47,33 @@ class WeightTransport:
     """connect() once before the first push, push(version) after every step (returns the version every engine then
     serves), close() at the end of the run."""
 
+    # Whether its updates are SGLang's tensor or distributed ones, which engines from 0.5.21 on accept only inside a
+    # weight-update session (/begin_weight_update ... /end_weight_update).
+    uses_update_session = False
+
     def __init__(self, config: WeightSyncConfig, group, engine_urls: list[str]):
         self.config = config
         self.group = group  # RayTrainGroup: on_all_ranks(method, *args) runs a WeightSyncRank method on every rank
         self.engine_urls = list(engine_urls)
+        self.session_urls: list[str] = []  # the engines whose SGLang version needs the session
 
     @property
     def ranks_per_engine(self) -> list[int]:
         return [self.config.ranks_per_engine] * len(self.engine_urls)
 
     def connect(self) -> None:
-        """Set up what every push needs (nothing, unless the transport says otherwise)."""
+        """Set up what every push needs; learn which engines need a weight-update session."""
+        if self.uses_update_session:
+            from slime_search.engines.client import needs_update_session
+
+            versions = asyncio.run(engine_versions(self.engine_urls))
+            self.session_urls = [
+                url for url, v in zip(self.engine_urls, versions, strict=True) if needs_update_session(v)
+            ]
+
+    def update_session(self):
+        """The weight-update session of one push, on the engines that need one."""
+        return weight_update_session(self.session_urls)
 
     def push(self, version: str) -> str:
         raise NotImplementedError
@@ -107,6 +129,24 @@ def create_transport(config: WeightSyncConfig, group, engine_urls: list[str]) ->
     return transport_kind(config.transport).load()(config, group, engine_urls)
 
 
+@contextmanager
+def weight_update_session(urls: list[str]) -> Iterator[None]:
+    """SGLang's weight-update session on these engines around a push; closed also when the push fails, so the engines
+    never stay locked in it."""
+    from slime_search.engines.client import call_engine, check_success, on_every_engine
+
+    async def each(method: str) -> None:
+        answers = await on_every_engine(urls, lambda url: call_engine(url, method))
+        for url, reply in zip(urls, answers, strict=True):
+            check_success(url, method, reply)
+
+    asyncio.run(each("begin_weight_update"))
+    try:
+        yield
+    finally:
+        asyncio.run(each("end_weight_update"))
+
+
 def check_served(served: list[str], version: str) -> str:
     """Every engine must serve `version` after its push."""
     from slime_search.engines.client import EngineError
@@ -117,7 +157,14 @@ def check_served(served: list[str], version: str) -> str:
 
 
 async def served_versions(urls: list[str]) -> list[str]:
-    """The weight version each engine reports."""
+    """The weight version each engine serves (GET /model_info)."""
     from slime_search.engines.client import call_engine, on_every_engine
 
     return await on_every_engine(urls, lambda url: call_engine(url, "weight_version"))
+
+
+async def engine_versions(urls: list[str]) -> list[str]:
+    """The SGLang version each engine reports (GET /server_info)."""
+    from slime_search.engines.client import call_engine, on_every_engine
+
+    return await on_every_engine(urls, lambda url: call_engine(url, "version"))

@@ -1,4 +1,4 @@
-"""SGLang launch: commands and GPU split on CPU; a real engine + router only on a CUDA machine."""
+"""SGLang launch: commands and GPU split; a real engine + router on a CUDA machine (on CPU: test_sglang_router.py)."""
 
 import importlib.util
 
@@ -25,9 +25,12 @@ def test_engine_specs_split_gpus_into_engines():
         "--tp-size": "2",
         "--base-gpu-id": "2",
         "--mem-fraction-static": "0.7",
+        "--weight-version": "0",  # the version before any push, as the CPU engine starts
     }
     with pytest.raises(ValueError, match="not a multiple"):
         engine_specs("/ckpt", num_gpus=3, gpus_per_engine=2, first_port=1)
+    # no router health checks: SGLang's /health generates a token, which an engine that released its memory to a
+    # colocated trainer must not do, and which outlasts the router's 5 s probe while a weight update holds it
     assert router_command("127.0.0.1", 3000) == [
         "-m",
         "sglang_router.launch_router",
@@ -35,6 +38,8 @@ def test_engine_specs_split_gpus_into_engines():
         "127.0.0.1",
         "--port",
         "3000",
+        "--disable-health-check",
+        "--disable-circuit-breaker",
     ]
 
 

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from slime_search.utils.net import free_port
+from slime_search.weight_sync.transports import weight_update_session
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
 PROMPT = [151644, 872, 198, 9707, 1879, 0, 151645, 198, 151644, 77091, 198]
@@ -75,7 +76,8 @@ def test_nccl_broadcast_to_an_engine_on_another_gpu(tiny_checkpoint):
         broadcaster = WeightBroadcaster(BroadcastConfig("nccl", bucket_bytes=1 << 20))
         broadcaster.connect([url], [1], "127.0.0.1", free_port())
         try:
-            assert broadcaster.push(state, "1") == ["1"]
+            with weight_update_session([url]):
+                assert broadcaster.push(state, "1") == ["1"]
             engine_log_probs_match(url, model)
         finally:
             broadcaster.close()
@@ -88,7 +90,7 @@ def test_cuda_ipc_handles_and_memory_hand_over_on_one_gpu(tiny_checkpoint):
     import asyncio
 
     from slime_search.engines.client import EngineClient, EngineClientConfig
-    from slime_search.engines.weight_wire import serialize_named_tensors
+    from slime_search.engines.weight_wire import tensor_bucket_payload
     from slime_search.weight_sync.tensor_handles import post_bucket
     from slime_search.weight_sync.transports import served_versions
 
@@ -101,8 +103,13 @@ def test_cuda_ipc_handles_and_memory_hand_over_on_one_gpu(tiny_checkpoint):
             try:
                 await client.release_memory()
                 await client.resume_memory(["weights"])
-                await post_bucket(url, [serialize_named_tensors(list(state.items()))], "2")
-                await client.resume_memory(["kv_cache"])
+                # one flattened bucket: a single CUDA IPC handle for the whole state
+                entry, load_format, _kept = tensor_bucket_payload(list(state.items()))
+                assert load_format == "flattened_bucket"
+                await client.begin_weight_update()
+                await post_bucket(url, [entry], "2", load_format)
+                await client.end_weight_update()
+                await client.resume_memory(["kv_cache", "cuda_graph"])
             finally:
                 await client.close()
 

@@ -5,16 +5,17 @@ import pytest
 
 from slime_search.ray.colocation import Colocation
 
-ACTOR, WEIGHTS, KV_CACHE = 4, 2, 3  # device memory of each part
+ACTOR, WEIGHTS, KV_CACHE, CUDA_GRAPH = 4, 2, 3, 1  # device memory of each part
 DEVICE = 6  # fits actor + engine weights, or the whole engine; never the actor with the KV cache
+ENGINE = {"weights": WEIGHTS, "kv_cache": KV_CACHE, "cuda_graph": CUDA_GRAPH}
 
 
 class Device:
     """Who holds memory on the shared device; refuses any step that would overfill it."""
 
     def __init__(self):
-        self.held = {"actor": ACTOR, "weights": WEIGHTS, "kv_cache": KV_CACHE}  # before the actor makes room
-        self.capacity = ACTOR + WEIGHTS + KV_CACHE  # start-up: the engines start only after the first offload
+        self.held = {"actor": ACTOR, **ENGINE}  # before the actor makes room
+        self.capacity = ACTOR + sum(ENGINE.values())  # start-up: the engines start only after the first offload
         self.log: list[str] = []
 
     def take(self, part: str, size: int) -> None:
@@ -54,7 +55,7 @@ class RecordingColocation(Colocation):
             if method == "release_memory":
                 self.device.give(tag)
             else:
-                self.device.take(tag, {"weights": WEIGHTS, "kv_cache": KV_CACHE}[tag])
+                self.device.take(tag, ENGINE[tag])
 
 
 def colocation() -> tuple[RecordingColocation, Device]:
@@ -68,7 +69,7 @@ def colocation() -> tuple[RecordingColocation, Device]:
 def test_a_run_of_phases_never_overfills_the_device():
     col, device = colocation()
     phases = {
-        "generation": (col.for_generation, {"weights", "kv_cache"}),
+        "generation": (col.for_generation, {"weights", "kv_cache", "cuda_graph"}),
         "training": (col.for_training, {"actor"}),
         "push": (col.for_weight_push, {"actor", "weights"}),
     }
@@ -85,16 +86,16 @@ def test_each_hand_over_releases_before_it_takes():
     col, device = colocation()
     device.log.clear()
     col.for_training()
-    assert device.log == ["-weights", "-kv_cache", "+actor"]
+    assert device.log == ["-weights", "-kv_cache", "-cuda_graph", "+actor"]
     device.log.clear()
     col.for_weight_push()
     assert device.log == ["+weights"]
     device.log.clear()
     col.for_generation()
-    assert device.log == ["-actor", "+kv_cache"]
+    assert device.log == ["-actor", "+kv_cache", "+cuda_graph"]
     device.log.clear()
     col.for_weight_push()  # straight from generation (a resume): engines out, actor in, weights back
-    assert device.log == ["-weights", "-kv_cache", "+actor", "+weights"]
+    assert device.log == ["-weights", "-kv_cache", "-cuda_graph", "+actor", "+weights"]
 
 
 def test_repeating_a_phase_changes_nothing():

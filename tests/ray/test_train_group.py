@@ -4,8 +4,6 @@ import pytest
 
 from tests.backends.test_megatron_train import fixed_batch
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
 
 @pytest.fixture(scope="module")
 def ray_session():
@@ -37,6 +35,8 @@ def run_group(ray_session, checkpoint, tp, dp, steps=3):
         group.shutdown()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_tensor_and_data_parallel_groups_agree(ray_session, tiny_checkpoint):
     tp2, tp2_rollout = run_group(ray_session, tiny_checkpoint, tp=2, dp=1)
     dp2, dp2_rollout = run_group(ray_session, tiny_checkpoint, tp=1, dp=2)
@@ -47,3 +47,12 @@ def test_tensor_and_data_parallel_groups_agree(ray_session, tiny_checkpoint):
     assert tp2[-1]["loss"] < tp2[0]["loss"]
     assert dp2_rollout["train/grad_norm"] == pytest.approx(tp2_rollout["train/grad_norm"], rel=1e-4)
     assert dp2_rollout["train/loss"] == pytest.approx(tp2_rollout["train/loss"], abs=1e-5)
+
+
+def test_ranks_use_the_nccl_memory_mode_of_sglangs_engines():
+    """SGLang's engines run with NCCL_CUMEM_ENABLE=0; a trainer rank in the same NCCL group must too."""
+    from slime_search.ray.train_group import TrainGroupConfig, rank_options
+
+    on_gpu = rank_options(TrainGroupConfig(num_ranks=2, use_gpu=True))
+    assert on_gpu["runtime_env"]["env_vars"]["NCCL_CUMEM_ENABLE"] == "0" and on_gpu["num_gpus"] == 1
+    assert rank_options(TrainGroupConfig(num_ranks=2))["num_gpus"] == 0

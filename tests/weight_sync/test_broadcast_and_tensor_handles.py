@@ -10,6 +10,7 @@ from slime_search.engines.weight_wire import dtype_from_name, dtype_name
 from slime_search.utils.net import free_port
 from slime_search.utils.server_process import ServerProcess
 from slime_search.weight_sync.broadcast import BroadcastConfig, WeightBroadcaster, with_last
+from slime_search.weight_sync.transports import weight_update_session
 
 pytestmark = pytest.mark.timeout(300)
 PROMPT = [151644, 872, 198, 9707, 1879, 0, 151645, 198, 151644, 77091, 198]
@@ -31,7 +32,12 @@ def test_dtype_names_are_the_ones_sglang_reads():
 
 
 def engine_argv(checkpoint):
-    return ["-m", "slime_search.engines.cpu_engine_server", "--model-path", str(checkpoint), "--port", "0"]
+    argv = ["-m", "slime_search.engines.cpu_engine_server", "--model-path", str(checkpoint), "--port", "0"]
+    return [*argv, "--weight-version", "0"]
+
+
+def served_version(url: str) -> str:
+    return httpx.get(f"{url}/model_info", timeout=30).json()["weight_version"]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +87,8 @@ def test_two_engines_receive_every_bucket_and_serve_the_new_version(tiny_checkpo
         broadcaster = WeightBroadcaster(BroadcastConfig("gloo", bucket_bytes=256 * 1024, timeout_s=120))
         broadcaster.connect(urls, [1, 1], "127.0.0.1", free_port())
         try:
-            assert broadcaster.push(state, "7") == ["7", "7"]
+            with weight_update_session(urls):
+                assert broadcaster.push(state, "7") == ["7", "7"]
             for url in urls:
                 out = generate(url)
                 assert out["meta_info"]["weight_version"] == "7"
@@ -109,18 +116,18 @@ def test_a_bad_bucket_is_refused_whole_and_the_group_stays_usable(tiny_checkpoin
         broadcaster = WeightBroadcaster(BroadcastConfig("gloo", timeout_s=120))
         broadcaster.connect([engine.url], [1], "127.0.0.1", free_port())
         try:
-            bad = {"model.norm.weight": state["model.norm.weight"], "model.not_a_layer.weight": torch.ones(3)}
-            with pytest.raises(EngineError, match="no weights named model.not_a_layer.weight"):
-                broadcaster.push(bad, "1")
-            after_bad = httpx.get(f"{engine.url}/get_weight_version", timeout=30).json()
-            assert after_bad == {"weight_version": "0"}
-            again = generate(engine.url, temperature=0.0)  # the refused bucket's valid tensor was not applied either
-            assert again["output_ids"] == before["output_ids"]
-            assert again["meta_info"]["output_token_logprobs"] == before["meta_info"]["output_token_logprobs"]
-            wrong_shape = {"model.norm.weight": torch.ones(5)}
-            with pytest.raises(EngineError, match="shape mismatch"):
-                broadcaster.push(wrong_shape, "1")
-            assert broadcaster.push(state, "2") == ["2"]
+            with weight_update_session([engine.url]):
+                bad = {"model.norm.weight": state["model.norm.weight"], "model.not_a_layer.weight": torch.ones(3)}
+                with pytest.raises(EngineError, match="no weights named model.not_a_layer.weight"):
+                    broadcaster.push(bad, "1")
+                assert served_version(engine.url) == "0"
+                again = generate(engine.url, temperature=0.0)  # the refused bucket's valid tensor was not applied
+                assert again["output_ids"] == before["output_ids"]
+                assert again["meta_info"]["output_token_logprobs"] == before["meta_info"]["output_token_logprobs"]
+                wrong_shape = {"model.norm.weight": torch.ones(5)}
+                with pytest.raises(EngineError, match="shape mismatch"):
+                    broadcaster.push(wrong_shape, "1")
+                assert broadcaster.push(state, "2") == ["2"]
         finally:
             broadcaster.close()
 
@@ -174,29 +181,6 @@ def post_tensor_payload(url: str, entries, version=None) -> httpx.Response:
     return httpx.post(f"{url}/update_weights_from_tensor", json=body, timeout=60)
 
 
-@pytest.mark.slow
-def test_shared_memory_handles_carry_new_weights_to_the_engine(tiny_checkpoint):
-    import asyncio
-
-    from slime_search.engines.weight_wire import serialize_named_tensors
-    from slime_search.weight_sync.tensor_handles import post_bucket
-
-    model, state = perturbed_state(tiny_checkpoint)
-    names = sorted(state)
-    with ServerProcess(engine_argv(tiny_checkpoint)) as engine:
-        half = len(names) // 2
-        first = [(n, state[n]) for n in names[:half]]
-        second = [(n, state[n]) for n in names[half:]]
-        answer = asyncio.run(post_bucket(engine.url, [serialize_named_tensors(first)], None))
-        assert answer["weight_version"] == "0"  # a bucket without the version leaves the served version alone
-        answer = asyncio.run(post_bucket(engine.url, [serialize_named_tensors(second)], "3"))
-        assert answer["weight_version"] == "3"
-        out = generate(engine.url)
-        assert out["meta_info"]["weight_version"] == "3"
-        engine_lps = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
-        assert engine_lps == pytest.approx(log_probs_under(model, PROMPT, out["output_ids"]), abs=1e-4)
-
-
 class _RunsCommand:
     def __reduce__(self):
         import os
@@ -222,9 +206,10 @@ def test_tensor_payloads_are_checked_and_nothing_is_loaded(checked_engine, entri
         entries = [base64.b64encode(pickle.dumps([("w", _RunsCommand())])).decode()]
     elif entries == "__pickle_of_dict__":
         entries = [base64.b64encode(pickle.dumps({"model.norm.weight": [1.0]})).decode()]
-    answer = post_tensor_payload(checked_engine.url, entries, "5")
+    with weight_update_session([checked_engine.url]):
+        answer = post_tensor_payload(checked_engine.url, entries, "5")
     assert answer.status_code == 400 and message in answer.text
-    assert httpx.get(f"{checked_engine.url}/get_weight_version", timeout=30).json() == {"weight_version": "0"}
+    assert served_version(checked_engine.url) == "0"
 
 
 # ---- memory hand-over (SGLang's /release_memory_occupation and /resume_memory_occupation) ----------------------
@@ -241,26 +226,28 @@ def test_released_weights_must_be_resumed_and_fully_updated_before_generating(ti
         def post(path, body):
             return httpx.post(f"{engine.url}{path}", json=body, timeout=60)
 
-        assert post("/release_memory_occupation", {"tags": ["kv_cache"]}).json()["success"]
+        assert post("/release_memory_occupation", {"tags": ["kv_cache"]}).status_code == 200
         assert generate(engine.url)["meta_info"]["weight_version"] == "0"  # weights kept: still serving
-        assert post("/release_memory_occupation", {}).json()["success"]
+        assert post("/release_memory_occupation", {}).status_code == 200
         refused = httpx.post(f"{engine.url}/generate", json={"input_ids": PROMPT}, timeout=60)
         assert refused.status_code == 503 and "weights are released" in refused.text
         refused = post("/update_weights_from_disk", {"model_path": str(tiny_checkpoint)})
         assert refused.status_code == 400 and "resume_memory_occupation first" in refused.text
         assert post("/release_memory_occupation", {"tags": ["activations"]}).status_code == 400
 
-        assert post("/resume_memory_occupation", {"tags": ["weights"]}).json()["success"]
-        half = [(n, state[n]) for n in names[: len(names) // 2]]
-        assert post_tensor_payload(engine.url, [serialize_named_tensors(half)]).status_code == 200
-        refused = httpx.post(f"{engine.url}/generate", json={"input_ids": PROMPT}, timeout=60)
-        assert refused.status_code == 503 and "have not been updated" in refused.text  # half the weights are zeros
-        health = httpx.get(f"{engine.url}/health", timeout=30).json()
-        assert health["released_memory"] == ["cuda_graph", "kv_cache"]
-        assert health["weights_not_updated_since_resume"] == len(names) - len(names) // 2
-        rest = [(n, state[n]) for n in names[len(names) // 2 :]]
-        assert post_tensor_payload(engine.url, [serialize_named_tensors(rest)], "1").json()["weight_version"] == "1"
-        assert post("/resume_memory_occupation", {"tags": ["kv_cache"]}).json()["success"]
+        assert post("/resume_memory_occupation", {"tags": ["weights"]}).status_code == 200
+        with weight_update_session([engine.url]):
+            half = [(n, state[n]) for n in names[: len(names) // 2]]
+            assert post_tensor_payload(engine.url, [serialize_named_tensors(half)]).status_code == 200
+            refused = httpx.post(f"{engine.url}/generate", json={"input_ids": PROMPT}, timeout=60)
+            assert refused.status_code == 503 and "have not been updated" in refused.text  # half the weights are 0
+            state_now = httpx.get(f"{engine.url}/server_info", timeout=30).json()["internal_states"][0]
+            assert state_now["released_memory"] == ["cuda_graph", "kv_cache"]
+            assert state_now["weights_not_updated_since_resume"] == len(names) - len(names) // 2
+            rest = [(n, state[n]) for n in names[len(names) // 2 :]]
+            assert post_tensor_payload(engine.url, [serialize_named_tensors(rest)], "1").status_code == 200
+        assert served_version(engine.url) == "1"
+        assert post("/resume_memory_occupation", {"tags": ["kv_cache"]}).status_code == 200
         out = generate(engine.url)
         engine_lps = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
         assert engine_lps == pytest.approx(log_probs_under(model, PROMPT, out["output_ids"]), abs=1e-4)

@@ -1,0 +1,67 @@
+"""The real sglang-router in front of two real SGLang engines (on CPU), started by the project's launcher."""
+
+import asyncio
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+import torch
+
+from slime_search.engines.client import call_engine, on_every_engine
+from slime_search.engines.sglang_launch import launch, registered_workers
+from slime_search.utils.net import free_port
+from tests import sglang_cpu
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+
+def test_router_registers_both_engines_spreads_requests_and_flushes_them(tiny_checkpoint):
+    python = sglang_cpu.python()
+    # each engine serves its own weight version, so every answer says which engine produced it
+    specs = [sglang_cpu.engine_spec(tiny_checkpoint, free_port(), weight_version=v) for v in ("a", "b")]
+    deployment = launch(
+        specs, "127.0.0.1", free_port(), timeout_s=sglang_cpu.START_TIMEOUT_S, env=sglang_cpu.CPU_ENV, python=python
+    )
+    router = deployment.router_url
+    try:
+        # the engines were started together, not one after the other (each takes tens of seconds to come up)
+        started = [psutil.Process(engine.proc.pid).create_time() for engine in deployment.engines]
+        assert abs(started[0] - started[1]) < 10
+        # the router registers workers in the background; launch returned only once both were listed
+        assert registered_workers(router) == {spec.url for spec in specs}
+
+        def generate(index: int, **extra) -> dict:
+            # prompts with nothing in common: the router's cache-aware policy sends a shared prefix to one engine
+            prompt = torch.randint(1000, 100000, (16,), generator=torch.Generator().manual_seed(index)).tolist()
+            body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 4, **extra}, "return_logprob": True}
+            response = httpx.post(f"{router}/generate", json=body, timeout=300)
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        served = []
+        threads = [threading.Thread(target=lambda i=i: served.append(generate(i))) for i in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert {out["meta_info"]["weight_version"] for out in served} == {"a", "b"}
+
+        flushed = httpx.post(f"{router}/flush_cache", timeout=60)  # the router fans a flush out to every engine
+        assert flushed.status_code == 200 and flushed.json()["workers_flushed"] == 2
+
+        # the router does not route aborts (404): they go to every engine's own address
+        assert httpx.post(f"{router}/abort_request", json={"abort_all": True}, timeout=60).status_code == 404
+        result = {}
+        running = threading.Thread(
+            target=lambda: result.update(out=generate(99, max_new_tokens=3000, ignore_eos=True, temperature=1.0))
+        )
+        running.start()
+        time.sleep(3)
+        urls = [spec.url for spec in specs]
+        asyncio.run(on_every_engine(urls, lambda url: call_engine(url, "abort")))
+        running.join(timeout=300)
+        assert result["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    finally:
+        deployment.stop()

@@ -1,0 +1,55 @@
+"""Real SGLang serving on this CPU machine, for the tests (the environment comes from tests/sglang_cpu/setup.sh).
+
+SGLang runs in a virtual environment of its own (`.venv-sglang-cpu/`) with its CPU engine and pure-torch layers; the
+project's code talks to it over HTTP exactly as it talks to SGLang on GPUs, and starts it with the project's own
+launcher (slime_search.engines.sglang_launch), only with another interpreter and the CPU flags below.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from slime_search.engines.sglang_launch import SGLangEngineSpec
+from slime_search.utils.server_process import ServerProcess
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VENV = Path(os.environ.get("SGLANG_CPU_VENV", REPO_ROOT / ".venv-sglang-cpu"))
+SHIMS = Path(__file__).resolve().parent / "shims"
+# SGLang's CPU engine with pure-torch attention and sampling, no CUDA graphs, fp32 (so its log-probs are the
+# trainer's), a small KV pool, and a scheduler that sleeps when idle instead of spinning on one of the two cores.
+CPU_SERVER_ARGS = (
+    "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+    "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
+    "--dtype", "float32", "--max-total-tokens", "8192", "--random-seed", "0", "--sleep-on-idle",
+)  # fmt: skip
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(SHIMS), "OMP_NUM_THREADS": "1"}
+START_TIMEOUT_S = 600.0  # 45-60 s on an idle 2-core machine; several minutes when other tests load it
+
+
+def python() -> str:
+    """The test venv's interpreter; skips the test (with the set-up command) when the venv was not built."""
+    if not (VENV / "installed").is_file():
+        pytest.skip(f"no SGLang test environment at {VENV}: run `bash tests/sglang_cpu/setup.sh` (README set-up)")
+    return str(VENV / "bin" / "python")
+
+
+def engine_spec(model_path: str | Path, port: int, weight_version: str = "0") -> SGLangEngineSpec:
+    return SGLangEngineSpec(
+        str(model_path), port, mem_fraction_static=0.05, weight_version=weight_version, extra_args=CPU_SERVER_ARGS
+    )
+
+
+def start_engine(model_path: str | Path, port: int, log_path: Path | None = None) -> ServerProcess:
+    spec = engine_spec(model_path, port)
+    return ServerProcess(
+        spec.command(),
+        health_path="/health_generate",
+        timeout=START_TIMEOUT_S,
+        url=spec.url,
+        env=CPU_ENV,
+        python=python(),
+        log_path=log_path,
+    )
