@@ -1,6 +1,7 @@
 """What a training run keeps in its folder besides the metrics (metrics.jsonl, slime_search.metrics): the rollouts
 shown in the report (rollouts.jsonl) and, per checkpoint, the rollout state (the data position) next to the actor's
-torch_dist files (checkpoints/iter_N/). A resumed run drops what was recorded after its last complete checkpoint."""
+torch_dist files (checkpoints/iter_N/, written with them). A resumed run drops what was recorded after its last
+complete checkpoint."""
 
 from __future__ import annotations
 
@@ -37,11 +38,10 @@ class RunFolder:
         """The steps done at the last complete checkpoint (its tracker file is written last), or None."""
         return latest_iteration(self.checkpoints)
 
-    def save_rollout_state(self, steps_done: int, state: dict[str, Any]) -> None:
-        """Written before the actor's checkpoint, whose tracker file completes it."""
-        folder = iteration_dir(self.checkpoints, steps_done)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / ROLLOUT_STATE).write_text(json.dumps({"steps_done": steps_done, **state}))
+    @staticmethod
+    def rollout_state_file(steps_done: int, state: dict[str, Any]) -> dict[str, str]:
+        """The rollout state as a file of the actor's checkpoint (written with it, so both are there or neither)."""
+        return {ROLLOUT_STATE: json.dumps({"steps_done": steps_done, **state})}
 
     def rollout_state(self, steps_done: int) -> dict[str, Any]:
         return json.loads((iteration_dir(self.checkpoints, steps_done) / ROLLOUT_STATE).read_text())

@@ -31,12 +31,12 @@ def evaluate(config, manager, sink, run, version: int) -> None:
 
 
 def save(run, group, manager, steps_done: int) -> None:
-    """Rollout state first, then the actor (model, optimizer, RNG), whose tracker file is written last: a run
-    killed mid-save resumes from the previous complete checkpoint."""
+    """The actor (model, optimizer, RNG) and the rollout state in one folder that is renamed into place when complete,
+    the tracker file last: a run killed mid-save resumes from the previous complete checkpoint."""
     import ray
 
-    run.save_rollout_state(steps_done, ray.get(manager.state_dict.remote()))
-    group.save(str(run.checkpoints), steps_done)
+    state = run.rollout_state_file(steps_done, ray.get(manager.state_dict.remote()))
+    group.save(str(run.checkpoints), steps_done, state)
 
 
 def resume(config, run, group, manager, transport, sink, colocation) -> int:

@@ -45,7 +45,9 @@ def grpo_advantages(
 
 def expand_to_tokens(values: torch.Tensor, lengths: torch.Tensor | list[int]) -> torch.Tensor:
     """Broadcast one value per sequence to every token of that packed sequence."""
-    lengths = torch.as_tensor(lengths, dtype=torch.long)
+    total = int(sum(lengths)) if isinstance(lengths, (list, tuple)) else int(lengths.sum())
+    lengths = torch.as_tensor(lengths, dtype=torch.long, device=values.device)
     if values.shape != lengths.shape:
         raise ValueError(f"{values.numel()} values for {lengths.numel()} sequences")
-    return torch.repeat_interleave(values, lengths)
+    # the output size is known on the host: no device round trip to learn it
+    return torch.repeat_interleave(values, lengths, output_size=total)

@@ -94,6 +94,17 @@ def _level_log_ratio(diff: torch.Tensor, mask: torch.Tensor, lengths: torch.Tens
     return per_sequence_means(diff, mask, lengths)[seg]  # geometric
 
 
+def _valid_extremes(weights: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of the weights where valid, 0 and 0 when none is; computed on the weights' device without a
+    host round trip (a data-dependent branch or boolean index would wait for the GPU)."""
+    inf = torch.tensor(float("inf"), dtype=weights.dtype, device=weights.device)
+    zero = torch.zeros((), dtype=weights.dtype, device=weights.device)
+    any_valid = valid.any()
+    low = torch.where(valid, weights, inf).amin() if weights.numel() else zero
+    high = torch.where(valid, weights, -inf).amax() if weights.numel() else zero
+    return torch.where(any_valid, low, zero), torch.where(any_valid, high, zero)
+
+
 def _fraction(flags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean(flags.to(mask.dtype), mask)
 
@@ -192,7 +203,7 @@ def compute_is_weights(
         seq_has = per_sequence_sums(catastrophic, torch.ones_like(mask), lengths) > 0
         metrics["catastrophic_token_fraction"] = masked_mean(catastrophic, mask)
         metrics["catastrophic_seq_fraction"] = seq_has.to(mask.dtype).mean()
-        new_mask = new_mask * (~seq_has)[segment_ids(lengths)].to(mask.dtype)
+        new_mask = new_mask * (~seq_has)[segment_ids(lengths, device=mask.device)].to(mask.dtype)
 
     if config.batch_normalize:
         # Normalise over the tokens that will enter the loss (the mask after rejection), so that the weights
@@ -201,14 +212,13 @@ def compute_is_weights(
             normalize_with if normalize_with is not None else is_batch_stats(weights, new_mask, lengths, config.level)
         )
         mean_weight = stats[0] / stats[1].clamp_min(1)
-        factor = mean_weight if mean_weight > 1e-8 else torch.ones_like(mean_weight)
+        # chosen on the device: a Python branch would wait for the GPU on every micro-batch
+        factor = torch.where(mean_weight > 1e-8, mean_weight, torch.ones_like(mean_weight))
         weights = weights / factor
         metrics["batch_norm_factor"] = factor
 
     metrics["mask_kept_fraction"] = masked_mean(new_mask, mask)
     metrics["weight_mean"] = masked_mean(weights, new_mask)
-    valid = new_mask > 0
-    metrics["weight_min"] = weights[valid].min() if valid.any() else torch.zeros(())
-    metrics["weight_max"] = weights[valid].max() if valid.any() else torch.zeros(())
+    metrics["weight_min"], metrics["weight_max"] = _valid_extremes(weights, new_mask > 0)
     metrics["ess"] = _effective_sample_size(weights, new_mask)
     return ISResult(weights.detach(), new_mask.detach(), {k: v.detach() for k, v in metrics.items()})

@@ -15,10 +15,17 @@ import torch
 
 def segment_ids(lengths: torch.Tensor | list[int], device: torch.device | None = None) -> torch.Tensor:
     """[2, 3] -> [0, 0, 1, 1, 1]: the sequence each packed token belongs to."""
+    if isinstance(lengths, (list, tuple)):
+        if any(n < 0 for n in lengths):
+            raise ValueError(f"sequence lengths must be >= 0, got {list(lengths)}")
+        total = sum(lengths)
+    else:
+        if (lengths < 0).any():
+            raise ValueError(f"sequence lengths must be >= 0, got {lengths.tolist()}")
+        total = int(lengths.sum())
     lengths = torch.as_tensor(lengths, dtype=torch.long, device=device)
-    if (lengths < 0).any():
-        raise ValueError(f"sequence lengths must be >= 0, got {lengths.tolist()}")
-    return torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
+    # the output size is known on the host: no device round trip to learn it (and meta tensors need it)
+    return torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths, output_size=total)
 
 
 def _check_packed(x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor | list[int] | None = None) -> None:
@@ -54,7 +61,7 @@ def per_sequence_means(x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tenso
 
 def token_mean(x: torch.Tensor, mask: torch.Tensor, num_tokens: float | torch.Tensor | None = None) -> torch.Tensor:
     """sum(m * x) / num_tokens; num_tokens defaults to sum(m) of this batch (pass the global count when accumulating)."""
-    denom = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=x.dtype)
+    denom = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=x.dtype, device=x.device)
     return masked_sum(x, mask) / torch.clamp_min(denom, 1)
 
 

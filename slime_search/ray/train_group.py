@@ -82,20 +82,38 @@ def rank_options(config: TrainGroupConfig) -> dict[str, Any]:
 class TrainRank(WeightSyncRank):
     """One Megatron rank inside a Ray actor (wrapped by ray.remote in RayTrainGroup)."""
 
-    def __init__(self, rank: int, world_size: int, tp_size: int, master_port: int):
+    def __init__(self, rank: int, world_size: int, tp_size: int):
         import os
 
         import torch
 
-        from slime_search.backends.megatron.distributed import init_megatron
-
         if not torch.cuda.is_available():  # Ray sets one thread for fractional-CPU actors; share the cores instead
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        init_megatron(rank, world_size, tp_size=tp_size, master_port=master_port)
-        self.rank = rank
+        self.rank, self.world_size, self.tp_size = rank, world_size, tp_size
         self.actor = None
         self.reference = None
         self.shape = None
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This rank's node address and a port free there: rank 0 hosts the process group's rendezvous."""
+        import ray
+
+        from slime_search.utils.net import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def init_distributed(self, master_address: str, master_port: int) -> None:
+        from slime_search.backends.megatron.distributed import init_megatron
+
+        init_megatron(self.rank, self.world_size, self.tp_size, master_port, master_address)
+
+    def distributed_address(self) -> tuple[str, int]:
+        """Where this rank's process group met, and its size."""
+        import os
+
+        import torch.distributed as dist
+
+        return os.environ["MASTER_ADDR"], dist.get_world_size()
 
     def _build(self, hf_checkpoint: str, weights_from: str | None, model_overrides: dict):
         """A model with the HF checkpoint's architecture; weights from the HF folder, or a torch_dist folder."""
@@ -135,10 +153,10 @@ class TrainRank(WeightSyncRank):
     def train_step(self, samples) -> dict[str, float]:
         return self.actor.train_step(samples)
 
-    def save(self, root: str, iteration: int) -> None:
+    def save(self, root: str, iteration: int, extra_files: dict[str, str] | None = None) -> None:
         from slime_search.backends.megatron.checkpoint import save_actor
 
-        save_actor(self.actor, root, iteration)
+        save_actor(self.actor, root, iteration, extra_files)
 
     def load(self, root: str) -> int:
         from slime_search.backends.megatron.checkpoint import load_actor
@@ -163,22 +181,22 @@ class RayTrainGroup:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from slime_search.utils.net import free_port
-
         self.config = config
         self.with_reference = False
         self.placement_group = placement_group or create_placement_group(config)
         remote = ray.remote(TrainRank)
-        port = free_port()
         self.ranks = [
             remote.options(
                 **rank_options(config),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement_group, placement_group_bundle_index=r
                 ),
-            ).remote(r, config.num_ranks, config.tp_size, port)
+            ).remote(r, config.num_ranks, config.tp_size)
             for r in range(config.num_ranks)
         ]
+        # the rendezvous is on rank 0's node, wherever the placement group put it (another node than the driver's)
+        self.master_address, port = ray.get(self.ranks[0].rendezvous_address.remote())
+        self.on_all_ranks("init_distributed", self.master_address, port)
 
     def on_all_ranks(self, method: str, *args) -> list[Any]:
         """`method(*args)` on every rank at once; the answers in rank order."""
@@ -238,8 +256,9 @@ class RayTrainGroup:
                 metrics[f"train/{name}"] = metrics.get(f"train/{name}", 0.0) + value / steps
         return metrics
 
-    def save(self, root: str, iteration: int) -> None:
-        self.on_all_ranks("save", root, iteration)
+    def save(self, root: str, iteration: int, extra_files: dict[str, str] | None = None) -> None:
+        """A checkpoint of every rank, with `extra_files` (name -> text) beside it; complete or absent."""
+        self.on_all_ranks("save", root, iteration, extra_files)
 
     def load(self, root: str) -> int:
         return self.on_all_ranks("load", root)[0]

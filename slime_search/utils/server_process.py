@@ -42,6 +42,8 @@ class ServerProcess:
         """`url`: where the server will listen, for programs that do not print READY_PREFIX (SGLang). `python`: the
         interpreter to run `argv` with (this one by default). `wait=False` only starts the process: start several,
         then `wait_ready()` on each, and they come up together rather than one after another."""
+        # A log file of our own making is removed at stop: a failed start has already quoted its tail.
+        self._owns_log = log_path is None
         if log_path is None:
             handle, log_path = tempfile.mkstemp(prefix="server-", suffix=".log")
             os.close(handle)
@@ -106,6 +108,8 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        if self._owns_log:
+            self.log_path.unlink(missing_ok=True)
 
     def __enter__(self):
         return self

@@ -176,3 +176,21 @@ def test_config_validation():
         ISConfig(mode="cut")
     with pytest.raises(ValueError, match="must be below upper"):
         ISConfig(upper=2.0, lower=3.0)
+
+
+def test_weight_extremes_are_over_the_kept_tokens_and_zero_when_none_is_kept():
+    # truncated weights [2, 1, 0.25, (masked 0)]: the masked token's 0 is not the minimum
+    out = weights_for(level="token", mode="truncate", upper=2.0)
+    assert (out.metrics["weight_min"].item(), out.metrics["weight_max"].item()) == (0.25, 2.0)
+    none_kept = compute_is_weights(TRAIN, ROLLOUT, torch.zeros_like(MASK), LENGTHS, ISConfig())
+    assert (none_kept.metrics["weight_min"].item(), none_kept.metrics["weight_max"].item()) == (0.0, 0.0)
+
+
+def test_every_weight_and_metric_stays_on_the_log_probs_device():
+    """The meta device refuses host round trips and CPU operands as a GPU would refuse the latter."""
+    meta = [t.to("meta") for t in (TRAIN, ROLLOUT, MASK)]
+    config = ISConfig(level="sequence", mode="mask", rejection=True, veto_threshold=1e-4, batch_normalize=True)
+    out = compute_is_weights(*meta, LENGTHS, config)
+    tensors = [out.weights, out.mask, *out.metrics.values()]
+    assert {t.device.type for t in tensors} == {"meta"}
+    assert {"batch_norm_factor", "catastrophic_seq_fraction", "weight_min"} <= set(out.metrics)

@@ -128,3 +128,119 @@ def test_mis_weights_and_mask_enter_the_policy_loss():
     assert logits.grad[0, 6].abs().sum() == 0 and logits.grad[0, 7].abs().sum() > 0
     with pytest.raises(ValueError, match="not both"):
         LossConfig(use_tis=True, mis=ISConfig())
+
+
+def complete_batch():
+    """Samples with every per-token list the loss can read: old, rollout and reference log-probs."""
+    return [
+        TrainSample([1, 2, 3, 4, 5], 3, [1, 1, 0], 0.5, [-1.0, -2.0, 0.0], [-1.1, -2.1, 0.0], [-1.0, -2.2, 0.0]),
+        TrainSample([6, 7, 8, 9], 2, [1, 1], -0.5, [-1.0, -0.5], [-1.0, -0.6], [-1.2, -0.5]),
+    ]
+
+
+@pytest.mark.parametrize("reduction", ["sequence_mean", "token_mean"])
+def test_every_tensor_the_loss_builds_follows_the_logits_device(reduction):
+    """The batch arrives on the CPU, the logits live on the model's device. PyTorch's meta device refuses to mix with
+    CPU tensors as CUDA does, so a mask, target or log-prob left on the CPU fails here as it would on a GPU."""
+    from slime_search.backends.megatron.logprobs import entropy, token_log_probs
+
+    samples = complete_batch()
+    packed = pack([s.tokens for s in samples], [s.response_length for s in samples])
+    logits = torch.empty(1, packed.num_tokens, 16, device="meta", requires_grad=True)
+    config = LossConfig(kl_coef=0.1, entropy_coef=0.01, use_tis=True, vocab_size=12, reduction=reduction)
+    loss, metrics = micro_batch_loss(logits, packed, samples, config, num_tokens=4.0, num_sequences=2)
+    assert loss.device.type == "meta" and {m.device.type for m in metrics.values()} == {"meta"}
+    assert set(metrics) >= {"tis_weight_mean", "pg_loss", "kl_loss", "entropy", "train_rollout_logprob_abs_diff"}
+    loss.backward()
+    assert logits.grad.device.type == "meta"
+    rows, targets = response_logits_and_targets(logits, packed)
+    assert targets.device.type == "meta"
+    assert token_log_probs(rows, targets, 0.7, vocab_size=12).device.type == "meta"
+    assert entropy(rows, 0.7, vocab_size=12).device.type == "meta"
+
+
+def test_the_general_importance_weights_follow_the_logits_device():
+    from slime_search.algo import ISConfig
+    from slime_search.backends.megatron.loss import local_mis_stats
+
+    samples = complete_batch()
+    packed = pack([s.tokens for s in samples], [s.response_length for s in samples])
+    logits = torch.empty(1, packed.num_tokens, 16, device="meta", requires_grad=True)
+    mis = ISConfig(level="geometric", mode="mask", rejection=True, veto_threshold=1e-4, batch_normalize=True)
+    normalizer = local_mis_stats(samples, mis, torch.device("meta")).float()
+    config = LossConfig(mis=mis, vocab_size=12)
+    loss, metrics = micro_batch_loss(logits, packed, samples, config, 4.0, 2, is_normalizer=normalizer)
+    assert loss.device.type == "meta" and {m.device.type for m in metrics.values()} == {"meta"}
+
+
+def test_tensors_reduced_over_the_data_parallel_group_follow_the_model_device():
+    """NCCL reduces only tensors on the GPU: the counts and MIS statistics a rank all-reduces are built on the model's
+    device, whatever device the batch arrived on."""
+    from slime_search.algo import ISConfig
+    from slime_search.backends.megatron.loss import local_batch_counts, local_mis_stats
+
+    samples = complete_batch()
+    meta = torch.device("meta")
+    assert local_batch_counts(samples, meta).device == meta
+    assert local_batch_counts(samples, torch.device("cpu")).tolist() == [4.0, 2.0]
+    for level in ("token", "sequence"):
+        stats = local_mis_stats(samples, ISConfig(level=level), meta)
+        assert stats.device == meta and stats.shape == (2,)
+    assert local_mis_stats(samples, ISConfig(), torch.device("cpu"))[1].item() == 4.0  # one weight per loss token
+
+
+def test_packs_pad_to_the_tensor_parallel_multiple_outside_the_loss():
+    samples = complete_batch()
+    tokens, responses = [s.tokens for s in samples], [s.response_length for s in samples]
+    plain, padded = pack(tokens, responses), pack(tokens, responses, multiple=4)
+    assert (plain.num_tokens, padded.num_tokens, padded.padding) == (9, 12, 3)  # sequence parallelism splits 12 by 4
+    assert padded.cu_seqlens.tolist() == [0, 5, 9, 12] and padded.segment_lengths == [5, 4, 3]
+    assert padded.position_ids[0, 9:].tolist() == [0, 1, 2] and padded.response_slices() == plain.response_slices()
+    allowed = ~padded.attention_mask()[0, 0]
+    assert not allowed[9:, :9].any() and not allowed[:9, 9:].any()  # the padding is a segment of its own
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 12, 16, generator=gen, requires_grad=True)
+    config = LossConfig(kl_coef=0.1, use_tis=True, vocab_size=16)
+    loss_padded, _ = micro_batch_loss(logits, padded, samples, config, 4.0, 2)
+    loss_plain, _ = micro_batch_loss(logits[:, :9], plain, samples, config, 4.0, 2)
+    assert loss_padded.item() == pytest.approx(loss_plain.item(), abs=1e-6)
+    loss_padded.backward()
+    assert logits.grad[0, 9:].abs().sum() == 0  # nothing of the padding reaches the loss
+    assert pack(tokens, responses, multiple=3).padding == 0  # 9 already divides
+
+
+def test_a_bf16_model_gets_megatrons_mixed_precision_optimizer():
+    from slime_search.backends.megatron.optimizer import OptimConfig, megatron_optimizer_config
+
+    bf16 = megatron_optimizer_config(OptimConfig(lr=1e-6), torch.bfloat16)
+    # Megatron builds its mixed-precision optimizer (fp32 main weights) when bf16 is set, FP32Optimizer otherwise
+    assert bf16.bf16 and not bf16.fp16 and bf16.params_dtype == torch.bfloat16
+    assert bf16.main_params_dtype == torch.float32
+    fp32 = megatron_optimizer_config(OptimConfig(), torch.float32)
+    assert not (fp32.bf16 or fp32.fp16) and fp32.params_dtype == torch.float32
+
+
+class FakeModel:
+    """What Layout reads of a GPTModel: its config, a parameter, its state-dict names."""
+
+    def __init__(self, names: list[str], tp: int, sequence_parallel: bool):
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel)
+        self.names = names
+
+    def parameters(self):
+        return iter([torch.zeros(1)])
+
+    def state_dict(self):
+        return dict.fromkeys(self.names)
+
+
+def test_layout_uses_thd_only_with_transformer_engine_and_pads_only_for_sequence_parallel():
+    from slime_search.backends.megatron.actor import Layout
+
+    te = ["decoder.layers.0.self_attention.linear_qkv.layer_norm_weight"]
+    local = ["decoder.layers.0.input_layernorm.weight"]
+    assert Layout.of(FakeModel(te, tp=2, sequence_parallel=True)) == Layout(torch.device("cpu"), True, 2)
+    # the local spec (CPU, or a GPU without TransformerEngine) refuses packed sequence parameters: the mask path
+    assert Layout.of(FakeModel(local, tp=2, sequence_parallel=False)) == Layout(torch.device("cpu"), False, 1)

@@ -25,6 +25,12 @@ def test_views_survive_the_round_trip_and_memory_is_really_released():
     assert offloader.onload() == 60
     assert head.tolist() == [[0.0, 1.0], [2.0, 3.0]] and tail.tolist() == [float(i) for i in range(4, 12)]
     assert other.tolist() == [1.0, 1.0, 1.0] and not offloader.offloaded
+    # the next round trip reuses the host buffers: no host memory is allocated per step
+    assert offloader.allocated_bytes == 60
+    base.add_(1.0)
+    assert offloader.offload([head, tail, other, base]) == 60 and offloader.allocated_bytes == 60
+    offloader.onload()
+    assert base.tolist() == [float(i + 1) for i in range(12)] and other.tolist() == [1.0, 1.0, 1.0]
 
 
 def _worker(rank, world, port, checkpoint, out_path):
@@ -56,7 +62,7 @@ def _worker(rank, world, port, checkpoint, out_path):
     for sample, lp in zip(samples, plain.compute_log_probs(samples), strict=True):
         sample.old_log_probs = lp
     plain_history = [plain.train_step(samples) for _ in range(3)]
-    colocated_history, released = [], []
+    colocated_history, released, host_allocated = [], [], []
     for _ in range(3):  # step, then hand the memory over and take it back, as between a rollout and a step
         colocated_history.append(colocated.train_step(samples))
         released.append(colocated.offload())
@@ -65,6 +71,7 @@ def _worker(rank, world, port, checkpoint, out_path):
         emptied = emptied and all(s["exp_avg"].untyped_storage().nbytes() == 0 for s in state.values())
         released.append(emptied)
         colocated.onload()
+        host_allocated.append(colocated.offloader.allocated_bytes)
     same = all(torch.equal(a, b) for a, b in zip(plain.model.parameters(), colocated.model.parameters(), strict=True))
     reference = ReferenceModel(new_model(), config)
     before = reference.compute_log_probs(samples)
@@ -80,6 +87,7 @@ def _worker(rank, world, port, checkpoint, out_path):
                     "released": released,
                     "same_weights": same,
                     "reference_same": reference_same,
+                    "host_allocated": host_allocated,
                     "param_bytes": sum(p.numel() * p.element_size() for p in plain.model.parameters()),
                 },
                 handle,
@@ -98,3 +106,5 @@ def test_training_with_offload_between_steps_equals_training_without(tiny_checkp
     assert all(emptied)
     # weights + the DDP gradient buffer + Adam's two moments: 4x the (local) weights are handed over
     assert min(sizes) >= 4 * result["param_bytes"]
+    # host buffers are allocated at the first hand-over only (the same storages every step)
+    assert result["host_allocated"] == [sizes[0]] * 3

@@ -54,7 +54,18 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
     from slime_search.backends.megatron.checkpoint import load_actor, save_actor
 
     save_dir = out_path + ".ckpt"
-    save_actor(actor, save_dir, iteration=2)
+    warnings = _megatron_warnings()
+    from pathlib import Path
+
+    from slime_search.backends.megatron.checkpoint import partial_dir
+
+    if rank == 0:  # a save of iteration 2 cut short earlier left its partial folder
+        partial_dir(save_dir, 2).mkdir(parents=True)
+        (partial_dir(save_dir, 2) / "stale.pt").write_text("")
+    torch.distributed.barrier()
+    save_actor(actor, save_dir, iteration=2, extra_files={"rollout_state.json": "{}"})
+    saved = sorted(p.name for p in Path(save_dir).iterdir())
+    folder = sorted(p.name for p in (Path(save_dir) / "iter_0000002").iterdir())
     history += [actor.train_step(samples) for _ in range(2)]
     fresh = build_gpt_model(shape, options)
     resumed = MegatronActor(fresh, config)
@@ -75,10 +86,27 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
                     "resumed": after_resume,
                     "ref": ref_log_probs,
                     "trained": trained_log_probs,
+                    "saved": saved,
+                    "folder": folder,
+                    "warnings": warnings,
                 },
                 handle,
             )
     shutdown()
+
+
+def _megatron_warnings() -> list[str]:
+    """Collects what Megatron's checkpointing logs at WARNING (it warns when it saves into a folder with files)."""
+    import logging
+
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logging.getLogger("megatron.core.dist_checkpointing").addHandler(Collect(level=logging.WARNING))
+    return seen
 
 
 def run(tp, checkpoint, tmp_path):
@@ -98,6 +126,13 @@ def test_grpo_steps_lower_the_loss_and_match_across_tp(tiny_checkpoint, tmp_path
     assert losses1[-1] < losses1[0] - 1e-3 and all(b <= a + 1e-6 for a, b in zip(losses1, losses1[1:], strict=False))
     assert losses2 == pytest.approx(losses1, abs=1e-5)
     assert [h["grad_norm"] for h in tp2["history"]] == pytest.approx([h["grad_norm"] for h in tp1["history"]], rel=1e-4)
+    # the checkpoint was written into an empty folder and renamed into place, the tracker last; a stale partial
+    # folder of the same iteration was replaced, and Megatron never saved over existing files
+    for run_ in (tp1, tp2):
+        assert run_["saved"] == ["iter_0000002", "latest_checkpointed_iteration.txt"]
+        assert "rollout_state.json" in run_["folder"] and "stale.pt" not in run_["folder"]
+        assert {"optimizer_rank00000.pt", "rng_rank00000.pt", "common.pt"} <= set(run_["folder"])
+        assert not any("Overwriting" in message for message in run_["warnings"])
     # resuming from the step-2 checkpoint (model + Adam state) reproduces steps 3 and 4
     for run_ in (tp1, tp2):
         assert [h["loss"] for h in run_["resumed"]] == pytest.approx([h["loss"] for h in run_["history"][2:]], abs=1e-6)

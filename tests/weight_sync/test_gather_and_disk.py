@@ -122,7 +122,8 @@ def _failed_push_worker(rank, world, port, checkpoint, out_dir):
     from slime_search.ray.train_group import ModelSource, TrainRank
     from slime_search.weight_sync.broadcast import BroadcastConfig
 
-    trainer = TrainRank(rank, world, world, port)
+    trainer = TrainRank(rank, world, world)
+    trainer.init_distributed("127.0.0.1", port)
     trainer.load_models(ModelSource(checkpoint), ActorConfig())
     trainer.broadcast_config = BroadcastConfig("gloo", bucket_bytes=BUCKET_BYTES)
     trainer.broadcaster = RefusingBroadcaster() if rank == 0 else None

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 import torch
 
 from slime_search.backends.megatron.logprobs import token_log_probs
-from slime_search.backends.megatron.loss import LossConfig, micro_batch_loss, response_logits_and_targets
+from slime_search.backends.megatron.loss import (
+    LossConfig,
+    local_batch_counts,
+    local_mis_stats,
+    micro_batch_loss,
+    response_logits_and_targets,
+)
 from slime_search.backends.megatron.offload import StorageOffloader, model_tensors, optimizer_tensors
 from slime_search.backends.megatron.optimizer import OptimConfig, build_optimizer
 from slime_search.backends.megatron.packing import PackedBatch, pack, split_by_token_budget
@@ -27,30 +33,48 @@ class ActorConfig:
     max_tokens_per_micro_batch: int = 4096
 
 
-def _forward(model, packed: PackedBatch) -> torch.Tensor:
-    """Logits of a packed row: block-diagonal causal mask on CPU, THD packed sequences on GPU."""
-    from slime_search.backends.megatron import cpu_compat
+@dataclass(frozen=True)
+class Layout:
+    """How a model takes a packed micro-batch, fixed when the model is built."""
 
-    if cpu_compat.is_active():
-        return model(packed.input_ids, packed.position_ids, attention_mask=packed.attention_mask())
+    device: torch.device
+    thd: bool  # TransformerEngine attention: packed sequences as THD (cumulative lengths), else an explicit mask
+    multiple: int  # the packed row's length must divide by this (sequence parallelism splits it over TP ranks)
+
+    @classmethod
+    def of(cls, model) -> Layout:
+        """`model`: the GPTModel (not its DDP wrapper). The local layer spec (CPU, or a GPU without TransformerEngine)
+        takes only the block-diagonal causal mask: Megatron's local attention refuses packed sequence parameters."""
+        from slime_search.backends.megatron.model import uses_te_names
+
+        config = model.config
+        multiple = config.tensor_model_parallel_size if config.sequence_parallel else 1
+        return cls(next(model.parameters()).device, uses_te_names(model), multiple)
+
+
+def _forward(model, packed: PackedBatch, layout: Layout) -> torch.Tensor:
+    """Logits of a packed row, computed on the model's device."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    cu = packed.cu_seqlens.cuda()
-    longest = max(packed.lengths)
+    input_ids, position_ids = packed.input_ids.to(layout.device), packed.position_ids.to(layout.device)
+    if not layout.thd:
+        return model(input_ids, position_ids, attention_mask=packed.attention_mask().to(layout.device))
+    cu = packed.cu_seqlens.to(layout.device)
+    longest = max(packed.segment_lengths)
     params = PackedSeqParams(
         qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
     )
-    return model(packed.input_ids.cuda(), packed.position_ids.cuda(), attention_mask=None, packed_seq_params=params)
+    return model(input_ids, position_ids, attention_mask=None, packed_seq_params=params)
 
 
 @torch.no_grad()
-def packed_log_probs(forward, samples: list[TrainSample], config: ActorConfig) -> list[list[float]]:
+def packed_log_probs(model, layout: Layout, samples: list[TrainSample], config: ActorConfig) -> list[list[float]]:
     """Response log-probs of every sample, micro-batch by micro-batch."""
     out: list[list[float]] = [[] for _ in samples]
     for indices in split_by_token_budget([len(s.tokens) for s in samples], config.max_tokens_per_micro_batch):
         batch = [samples[i] for i in indices]
-        packed = pack([s.tokens for s in batch], [s.response_length for s in batch])
-        rows, targets = response_logits_and_targets(forward(packed), packed)
+        packed = pack([s.tokens for s in batch], [s.response_length for s in batch], layout.multiple)
+        rows, targets = response_logits_and_targets(_forward(model, packed, layout), packed)
         values = token_log_probs(rows, targets, config.loss.temperature, config.loss.vocab_size).cpu()
         for i, part in zip(indices, torch.split(values, packed.response_lengths), strict=True):
             out[i] = part.tolist()
@@ -65,10 +89,11 @@ class ReferenceModel:
         for param in self.model.parameters():
             param.requires_grad_(False)
         self.config = config
+        self.layout = Layout.of(model)
         self.offloader = StorageOffloader()
 
     def compute_log_probs(self, samples: list[TrainSample]) -> list[list[float]]:
-        return packed_log_probs(lambda p: _forward(self.model, p), samples, self.config)
+        return packed_log_probs(self.model, self.layout, samples, self.config)
 
     def offload(self) -> int:
         return self.offloader.offload(model_tensors(self.model))
@@ -78,11 +103,13 @@ class ReferenceModel:
 
 
 class MegatronActor:
-    def __init__(self, model, config: ActorConfig, params_dtype: torch.dtype = torch.float32):
-        """`model`: a GPTModel on this rank, weights loaded; model-parallel state initialised."""
+    def __init__(self, model, config: ActorConfig):
+        """`model`: a GPTModel on this rank, weights loaded; model-parallel state initialised. The optimizer takes
+        the model's own parameter dtype (bf16 gets Megatron's mixed-precision optimizer with fp32 main weights)."""
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         self.config = config
+        self.layout = Layout.of(model)
         self.model = DistributedDataParallel(
             config=model.config,
             ddp_config=DistributedDataParallelConfig(
@@ -92,7 +119,7 @@ class MegatronActor:
             ),
             module=model,
         )
-        self.optimizer = build_optimizer(self.model, config.optim, params_dtype)
+        self.optimizer = build_optimizer(self.model, config.optim, model.config.params_dtype)
         self.offloader = StorageOffloader()
 
     def offload(self) -> int:
@@ -102,16 +129,13 @@ class MegatronActor:
     def onload(self) -> int:
         return self.offloader.onload()
 
-    def _logits(self, packed: PackedBatch) -> torch.Tensor:
-        return _forward(self.model, packed)
-
     def _micro_batches(self, samples: list[TrainSample]) -> list[list[int]]:
         return split_by_token_budget([len(s.tokens) for s in samples], self.config.max_tokens_per_micro_batch)
 
     def compute_log_probs(self, samples: list[TrainSample]) -> list[list[float]]:
         """Per-sample response log-probs at the rollout temperature (the old policy's, before a step)."""
         self.model.eval()
-        return packed_log_probs(lambda p: _forward(self.model, p), samples, self.config)
+        return packed_log_probs(self.model, self.layout, samples, self.config)
 
     # ---- training -----------------------------------------------------------------------------------------
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
@@ -122,7 +146,7 @@ class MegatronActor:
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        counts = torch.tensor([sum(sum(s.loss_mask) for s in samples), len(samples)], dtype=torch.float64)
+        counts = local_batch_counts(samples, self.layout.device)
         dp_size = parallel_state.get_data_parallel_world_size()
         if dp_size > 1:
             dist.all_reduce(counts, group=parallel_state.get_data_parallel_group())
@@ -131,39 +155,37 @@ class MegatronActor:
         totals: dict[str, float] = {}
         for indices in self._micro_batches(samples):
             batch = [samples[i] for i in indices]
-            packed = pack([s.tokens for s in batch], [s.response_length for s in batch])
+            packed = pack([s.tokens for s in batch], [s.response_length for s in batch], self.layout.multiple)
+            logits = _forward(self.model, packed, self.layout)
             loss, metrics = micro_batch_loss(
-                self._logits(packed), packed, batch, self.config.loss, num_tokens, num_sequences, is_normalizer
+                logits, packed, batch, self.config.loss, num_tokens, num_sequences, is_normalizer
             )
             # DDP averages gradients over data-parallel ranks; the loss is already a global-batch sum.
             (loss * dp_size).backward()
             totals["loss"] = totals.get("loss", 0.0) + float(loss)
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + float(value)
-        self.model.finish_grad_sync()
+        self._finalize_grads()
         applied, grad_norm = self.optimizer.step()
         totals.update(grad_norm=grad_norm, step_applied=float(applied))
         return totals
+
+    def _finalize_grads(self) -> None:
+        """Not only the data-parallel reduction (DDP's finish_grad_sync): with sequence parallelism each tensor-parallel
+        rank holds a partial gradient of the replicated layer norms, which finalize_model_grads sums across ranks."""
+        from megatron.core.distributed import finalize_model_grads
+
+        finalize_model_grads([self.model])
 
     def _mis_normalizer(self, samples: list[TrainSample]) -> torch.Tensor | None:
         """(sum, count) of the MIS weights over the global batch: every micro-batch and data-parallel rank."""
         mis = self.config.loss.mis
         if mis is None or not mis.batch_normalize:
             return None
-        import dataclasses
-
         import torch.distributed as dist
         from megatron.core import parallel_state
 
-        from slime_search.algo import compute_is_weights, is_batch_stats
-
-        raw = dataclasses.replace(mis, batch_normalize=False)
-        lengths = [s.response_length for s in samples]
-        old = torch.tensor([x for s in samples for x in s.old_log_probs])
-        rollout = torch.tensor([x for s in samples for x in s.rollout_log_probs])
-        mask = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.float32)
-        result = compute_is_weights(old, rollout, mask, lengths, raw)
-        stats = is_batch_stats(result.weights, result.mask, lengths, mis.level).double()
+        stats = local_mis_stats(samples, mis, self.layout.device)
         if parallel_state.get_data_parallel_world_size() > 1:
             dist.all_reduce(stats, group=parallel_state.get_data_parallel_group())
         return stats.float()

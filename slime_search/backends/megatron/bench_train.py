@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     from slime_search.utils.net import free_port
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    init_megatron(rank, world, tp_size=args.tp, master_port=int(os.environ.get("MASTER_PORT", free_port())))
+    port, address = int(os.environ.get("MASTER_PORT", free_port())), os.environ.get("MASTER_ADDR", "127.0.0.1")
+    init_megatron(rank, world, tp_size=args.tp, master_port=port, master_address=address)
     shape = Qwen2Shape(36, 2048, 16, 2, 11008, 151936, True)
     options = ModelOptions(params_dtype=torch.bfloat16, sequence_parallel=args.tp > 1)
     model = build_gpt_model(shape, options).cuda()
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         optim=OptimConfig(lr=1e-6, use_distributed_optimizer=True),
         max_tokens_per_micro_batch=args.max_tokens_per_gpu,
     )
-    actor = MegatronActor(model, config, params_dtype=torch.bfloat16)
+    actor = MegatronActor(model, config)  # bf16 parameters: Megatron's mixed-precision optimizer
     rng = random.Random(rank)
     samples = []
     for _ in range(args.samples):

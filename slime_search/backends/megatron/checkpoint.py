@@ -2,13 +2,15 @@
 
 A checkpoint directory holds `iter_XXXXXXX/` folders and `latest_checkpointed_iteration.txt`, as Megatron and
 slime lay them out. torch_dist stores each tensor with its global shape, so a checkpoint saved at one
-tensor-parallel size loads at another. The tracker file is written last, after the iteration folder is
-complete, so a crash mid-save never makes a half-written checkpoint the latest one.
+tensor-parallel size loads at another. A save writes everything into `iter_XXXXXXX.partial/` (the model first, into
+an empty folder, as Megatron's saver expects), renames it into place, and writes the tracker file last: a crash
+mid-save leaves at most a partial folder, which the next save replaces and no load ever reads.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -26,23 +28,53 @@ def latest_iteration(root: str | Path) -> int | None:
     return 0 if text == "release" else int(text)
 
 
-def save_model(model, root: str | Path, iteration: int) -> Path:
-    """Collective: every rank calls it. Returns the iteration folder."""
-    import torch.distributed as dist
-    from megatron.core import dist_checkpointing
+def partial_dir(root: str | Path, iteration: int) -> Path:
+    return Path(root) / f"iter_{iteration:07d}.partial"
 
-    target = iteration_dir(root, iteration)
+
+def _start_save(root: str | Path, iteration: int) -> Path:
+    """Collective: an empty partial folder (a stale one, from a save cut short, is removed)."""
+    import torch.distributed as dist
+
+    folder = partial_dir(root, iteration)
     if dist.get_rank() == 0:
-        target.mkdir(parents=True, exist_ok=True)
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
     dist.barrier()
-    dist_checkpointing.save(model.sharded_state_dict(prefix=""), str(target))
-    dist.barrier()
+    return folder
+
+
+def _finish_save(root: str | Path, iteration: int, extra_files: dict[str, str] | None = None) -> Path:
+    """Collective: rank 0 adds `extra_files` (name -> text), renames the folder into place, then writes the tracker."""
+    import torch.distributed as dist
+
+    dist.barrier()  # every rank's files are in the partial folder
+    final = iteration_dir(root, iteration)
     if dist.get_rank() == 0:
+        partial = partial_dir(root, iteration)
+        for name, text in (extra_files or {}).items():
+            (partial / name).write_text(text)
+        if final.exists():
+            shutil.rmtree(final)
+        partial.rename(final)
         tmp = Path(root) / (TRACKER + ".tmp")
         tmp.write_text(str(iteration))
         os.replace(tmp, Path(root) / TRACKER)
     dist.barrier()
-    return target
+    return final
+
+
+def _save_model_files(model, folder: Path) -> None:
+    from megatron.core import dist_checkpointing
+
+    dist_checkpointing.save(model.sharded_state_dict(prefix=""), str(folder))
+
+
+def save_model(model, root: str | Path, iteration: int) -> Path:
+    """Collective: every rank calls it. A model-only checkpoint; returns the iteration folder."""
+    _save_model_files(model, _start_save(root, iteration))
+    return _finish_save(root, iteration)
 
 
 def load_model(model, root: str | Path, iteration: int | None = None) -> int:
@@ -66,16 +98,16 @@ def load_model(model, root: str | Path, iteration: int | None = None) -> int:
     return iteration
 
 
-def _optimizer_file(root: str | Path, iteration: int) -> Path:
+def _optimizer_name() -> str:
     import torch.distributed as dist
 
-    return iteration_dir(root, iteration) / f"optimizer_rank{dist.get_rank():05d}.pt"
+    return f"optimizer_rank{dist.get_rank():05d}.pt"
 
 
-def _rng_file(root: str | Path, iteration: int) -> Path:
+def _rng_name() -> str:
     import torch.distributed as dist
 
-    return iteration_dir(root, iteration) / f"rng_rank{dist.get_rank():05d}.pt"
+    return f"rng_rank{dist.get_rank():05d}.pt"
 
 
 def rng_state() -> dict:
@@ -104,34 +136,30 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_actor(actor, root: str | Path, iteration: int) -> Path:
-    """Model (torch_dist, reshardable), optimizer state and RNG state (per rank, same parallel layout to resume).
-
-    The optimizer and RNG files are written before the model and the tracker, so the tracker only ever names a
-    complete iteration.
-    """
+def save_actor(actor, root: str | Path, iteration: int, extra_files: dict[str, str] | None = None) -> Path:
+    """Collective. Model (torch_dist, reshardable), optimizer state and RNG state (per rank, same parallel layout to
+    resume), and `extra_files` (name -> text, written by rank 0; the run's rollout state) in one iteration folder that
+    appears complete or not at all."""
     import torch
-    import torch.distributed as dist
 
-    folder = iteration_dir(root, iteration)
-    if dist.get_rank() == 0:
-        folder.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
+    folder = _start_save(root, iteration)
+    _save_model_files(actor.model.module, folder)
     if hasattr(actor.optimizer, "state_dict"):
-        torch.save(actor.optimizer.state_dict(), _optimizer_file(root, iteration))
-    torch.save(rng_state(), _rng_file(root, iteration))
-    return save_model(actor.model.module, root, iteration)
+        torch.save(actor.optimizer.state_dict(), folder / _optimizer_name())
+    torch.save(rng_state(), folder / _rng_name())
+    return _finish_save(root, iteration, extra_files)
 
 
 def load_actor(actor, root: str | Path, iteration: int | None = None, load_optimizer: bool = True) -> int:
     import torch
 
     iteration = load_model(actor.model.module, root, iteration)
-    path = _optimizer_file(root, iteration)
+    path = iteration_dir(root, iteration) / _optimizer_name()
     if load_optimizer and hasattr(actor.optimizer, "load_state_dict"):
         if not path.is_file():
             raise FileNotFoundError(f"no optimizer state {path}: resume needs the parallel layout it was saved with")
         actor.optimizer.load_state_dict(torch.load(path, weights_only=False))
-    if load_optimizer and _rng_file(root, iteration).is_file():
-        set_rng_state(torch.load(_rng_file(root, iteration), weights_only=False))
+    rng = iteration_dir(root, iteration) / _rng_name()
+    if load_optimizer and rng.is_file():
+        set_rng_state(torch.load(rng, weights_only=False))
     return iteration

@@ -8,14 +8,17 @@ from datetime import timedelta
 import torch
 
 
-def init_megatron(rank: int, world_size: int, tp_size: int, master_port: int, seed: int = 1234) -> None:
-    """torch.distributed + Megatron model parallel state for one rank (PP = 1, DP = world / TP)."""
+def init_megatron(
+    rank: int, world_size: int, tp_size: int, master_port: int, master_address: str = "127.0.0.1", seed: int = 1234
+) -> None:
+    """torch.distributed + Megatron model parallel state for one rank (PP = 1, DP = world / TP). `master_address`:
+    rank 0's node (127.0.0.1 only when every rank runs on this machine)."""
     import torch.distributed as dist
 
     from slime_search.backends.megatron import cpu_compat
 
     on_cpu = cpu_compat.activate()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_ADDR"] = master_address
     os.environ["MASTER_PORT"] = str(master_port)
     if not on_cpu:
         torch.cuda.set_device(rank % torch.cuda.device_count())

@@ -14,6 +14,7 @@ from slime_search.algo import (
     ISConfig,
     compute_is_weights,
     expand_to_tokens,
+    is_batch_stats,
     kl_estimate,
     policy_loss,
     reduce_loss,
@@ -49,20 +50,43 @@ class LossConfig:
             raise ValueError("choose vanilla TIS (--use-tis) or the general MIS configuration, not both")
 
 
+def local_batch_counts(samples: list[TrainSample], device: torch.device) -> torch.Tensor:
+    """(loss tokens, sequences) of this rank's share of the global batch, on `device`: the data-parallel group
+    sums them, and on GPU that group is NCCL, which takes no CPU tensors."""
+    tokens = sum(sum(s.loss_mask) for s in samples)
+    return torch.tensor([tokens, len(samples)], dtype=torch.float64, device=device)
+
+
+def local_mis_stats(samples: list[TrainSample], mis: ISConfig, device: torch.device) -> torch.Tensor:
+    """(sum, count) of this rank's raw MIS weights, on `device`, for the data-parallel group to sum."""
+    import dataclasses
+
+    raw = dataclasses.replace(mis, batch_normalize=False)
+    lengths = [s.response_length for s in samples]
+    old = torch.tensor([x for s in samples for x in s.old_log_probs], device=device)
+    rollout = torch.tensor([x for s in samples for x in s.rollout_log_probs], device=device)
+    mask = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.float32, device=device)
+    result = compute_is_weights(old, rollout, mask, lengths, raw)
+    return is_batch_stats(result.weights, result.mask, lengths, mis.level).double()
+
+
 def response_logits_and_targets(logits: torch.Tensor, packed: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits rows predicting every response token of the micro-batch, and those tokens, concatenated."""
+    """Logits rows predicting every response token of the micro-batch, and those tokens, concatenated; the tokens
+    on the logits' device (the packed batch stays where it was built)."""
     rows = [logits[0, s.start - 1 : s.stop - 1] for s in packed.response_slices()]
     targets = [packed.input_ids[0, s] for s in packed.response_slices()]
-    return torch.cat(rows), torch.cat(targets)
+    return torch.cat(rows), torch.cat(targets).to(logits.device)
 
 
-def _packed(values: list[list[float] | None], samples: list[TrainSample], name: str) -> torch.Tensor:
+def _packed(
+    values: list[list[float] | None], samples: list[TrainSample], name: str, device: torch.device
+) -> torch.Tensor:
     if any(v is None for v in values):
         raise ValueError(f"{name} missing for some samples")
     for v, s in zip(values, samples, strict=True):
         if len(v) != s.response_length:
             raise ValueError(f"{name} has {len(v)} entries for a response of {s.response_length} tokens")
-    return torch.tensor([x for v in values for x in v], dtype=torch.float32)
+    return torch.tensor([x for v in values for x in v], dtype=torch.float32, device=device)
 
 
 def micro_batch_loss(
@@ -78,11 +102,13 @@ def micro_batch_loss(
     micro-batch losses of a step gives the loss of the whole batch; plus detached metric tensors.
 
     `is_normalizer`: the (sum, count) of MIS weights over the global batch, for batch normalisation.
+    Every tensor built here (mask, advantages, old / rollout / reference log-probs) goes on the logits' device.
     """
+    device = logits.device
     rows, targets = response_logits_and_targets(logits, packed)
     log_probs = token_log_probs(rows, targets, config.temperature, config.vocab_size)
     lengths = packed.response_lengths
-    mask = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.float32)
+    mask = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.float32, device=device)
     reduce = dict(num_tokens=num_tokens, num_sequences=num_sequences)
     metrics: dict[str, torch.Tensor] = {}
     if config.loss_type == "sft":
@@ -90,18 +116,20 @@ def micro_batch_loss(
         return loss, {"sft_loss": loss.detach()}
 
     old = (
-        _packed([s.old_log_probs for s in samples], samples, "old_log_probs")
+        _packed([s.old_log_probs for s in samples], samples, "old_log_probs", device)
         if samples[0].old_log_probs is not None
         else log_probs.detach()
     )
     rollout = (
-        _packed([s.rollout_log_probs for s in samples], samples, "rollout_log_probs")
+        _packed([s.rollout_log_probs for s in samples], samples, "rollout_log_probs", device)
         if samples[0].rollout_log_probs is not None
         else None
     )
     if (config.use_tis or config.mis is not None) and rollout is None:
         raise ValueError("rollout_log_probs missing for some samples (TIS/MIS need the engine's log-probs)")
-    advantages = expand_to_tokens(torch.tensor([s.advantage for s in samples], dtype=torch.float32), lengths)
+    advantages = expand_to_tokens(
+        torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device), lengths
+    )
     pg = policy_loss(log_probs, old, advantages, config.eps_clip, config.eps_clip_high, config.eps_clip_c)
     per_token, pg_mask = pg.loss, mask
     if config.use_tis:
@@ -120,7 +148,7 @@ def micro_batch_loss(
             (old - rollout).abs(), mask, lengths, config.reduction, **reduce
         )
     if config.kl_coef:
-        ref = _packed([s.ref_log_probs for s in samples], samples, "ref_log_probs")
+        ref = _packed([s.ref_log_probs for s in samples], samples, "ref_log_probs", device)
         kl = reduce_loss(kl_estimate(log_probs, ref, config.kl_loss_type), mask, lengths, config.reduction, **reduce)
         loss = loss + config.kl_coef * kl
         metrics["kl_loss"] = kl.detach()

@@ -48,14 +48,29 @@ def model_tensors(ddp_model) -> list[torch.Tensor]:
 
 
 class StorageOffloader:
-    """Host copies of a set of storages while their device memory is given back."""
+    """Host copies of a set of storages while their device memory is given back.
+
+    The host buffers are allocated once (pinned, for CUDA storages: fast copies both ways) and reused by every later
+    round trip of the same storages, so a step costs two copies of the actor's state, not fresh host allocations.
+    """
 
     def __init__(self):
         self._backups: list[tuple[torch.UntypedStorage, torch.UntypedStorage]] = []
+        self._host: dict[tuple[int, int], torch.UntypedStorage] = {}  # (storage id, bytes) -> its host buffer
+        self.allocated_bytes = 0  # host memory allocated so far (for reuse across round trips, not per step)
 
     @property
     def offloaded(self) -> bool:
         return bool(self._backups)
+
+    def _host_buffer(self, storage: torch.UntypedStorage) -> torch.UntypedStorage:
+        # the storage object outlives resize_(0) and resize_ back: its identity keys the buffer across round trips
+        key = (storage._cdata, storage.nbytes())
+        if key not in self._host:
+            pinned = storage.device.type == "cuda"
+            self._host[key] = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=pinned).untyped_storage()
+            self.allocated_bytes += storage.nbytes()
+        return self._host[key]
 
     def offload(self, tensors: list[torch.Tensor]) -> int:
         """Copy each distinct storage to the host and free it; returns the bytes released."""
@@ -69,9 +84,7 @@ class StorageOffloader:
                 continue
             seen.add(storage.data_ptr())
             on_gpu = on_gpu or storage.device.type == "cuda"
-            host = torch.UntypedStorage(storage.nbytes(), device="cpu")
-            if storage.device.type == "cuda":
-                host = host.pin_memory()
+            host = self._host_buffer(storage)
             host.copy_(storage)
             self._backups.append((storage, host))
         released = sum(host.nbytes() for _, host in self._backups)

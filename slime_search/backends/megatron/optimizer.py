@@ -99,29 +99,38 @@ class CpuAdam:
         self.iteration = state["iteration"]
 
 
+def megatron_optimizer_config(config: OptimConfig, params_dtype: torch.dtype):
+    """Megatron's OptimizerConfig for a model with `params_dtype` parameters. bf16 (or fp16) must say so: Megatron then
+    builds its mixed-precision optimizer, which keeps fp32 main weights and steps them; told fp32, it builds
+    FP32Optimizer, which fails on bf16 parameters and would otherwise step them directly, rounding updates of
+    lr 1e-6 away."""
+    from megatron.core.optimizer import OptimizerConfig
+
+    return OptimizerConfig(
+        optimizer="adam",
+        lr=config.lr,
+        min_lr=config.min_lr,
+        weight_decay=config.weight_decay,
+        adam_beta1=config.adam_beta1,
+        adam_beta2=config.adam_beta2,
+        adam_eps=config.adam_eps,
+        clip_grad=config.clip_grad,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        params_dtype=params_dtype,
+        main_params_dtype=torch.float32,
+        use_distributed_optimizer=config.use_distributed_optimizer,
+    )
+
+
 class GpuOptimizer:
     """Megatron's optimizer (distributed when configured) with the same step() contract as CpuAdam."""
 
     def __init__(self, ddp_model, config: OptimConfig, params_dtype: torch.dtype):
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer import get_megatron_optimizer
 
         self.config = config
-        self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=config.lr,
-                min_lr=config.min_lr,
-                weight_decay=config.weight_decay,
-                adam_beta1=config.adam_beta1,
-                adam_beta2=config.adam_beta2,
-                adam_eps=config.adam_eps,
-                clip_grad=config.clip_grad,
-                bf16=params_dtype == torch.bfloat16,
-                params_dtype=params_dtype,
-                use_distributed_optimizer=config.use_distributed_optimizer,
-            ),
-            [ddp_model],
-        )
+        self.optimizer = get_megatron_optimizer(megatron_optimizer_config(config, params_dtype), [ddp_model])
         self.iteration = 0
 
     def zero_grad(self) -> None:
@@ -153,5 +162,9 @@ def build_optimizer(ddp_model, config: OptimConfig, params_dtype: torch.dtype):
     from slime_search.backends.megatron import cpu_compat
 
     if cpu_compat.is_active():
+        if params_dtype != torch.float32:  # CpuAdam keeps no fp32 master copy: small updates would round away
+            raise ValueError(
+                f"{params_dtype} parameters train on GPU only (Megatron's mixed precision); use fp32 on CPU"
+            )
         return CpuAdam(ddp_model, config)
     return GpuOptimizer(ddp_model, config, params_dtype)
