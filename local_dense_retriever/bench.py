@@ -27,13 +27,24 @@ if __package__ in (None, ""):
 from slime_search.metrics import percentile  # noqa: E402
 
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
-MALFORMED = [
+# Refused with a 4xx: not the API's shape, or not JSON the parser takes (nesting deeper than it recurses, an
+# integer past Python's 4,300-digit limit).
+MALFORMED: list[dict | bytes] = [
     {"queries": []},
-    {"queries": [""]},
     {"queries": [1, 2]},
     {"queries": ["q"], "topk": -1},
-    {"queries": ["x" * 10_000]},
     {"topk": 3},
+    b"{not json",
+    b"[" * 100_000,
+    b'{"queries": ["q"], "topk": 1' + b"0" * 5000 + b"}",
+]
+# Odd but well-formed: answered 200, query by query (a blank query gets no documents, a long one is cut, a lone
+# surrogate replaced).
+ODD: list[dict | bytes] = [
+    {"queries": [""]},
+    {"queries": ["   ", "who wrote hamlet"]},
+    {"queries": ["x" * 10_000]},
+    b'{"queries": ["red \\ud800 otter", "who wrote hamlet"]}',
 ]
 
 
@@ -64,12 +75,15 @@ async def run_requests(url: str, bodies: list, concurrency: int) -> dict:
         async def one(i, body):
             async with semaphore:
                 start = time.perf_counter()
+                raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+                headers = {"Content-Type": "application/json"}
                 try:
-                    async with session.post(f"{url}/retrieve", json=body) as response:
-                        payload = await response.json()
+                    async with session.post(f"{url}/retrieve", data=raw, headers=headers) as response:
                         statuses[i] = response.status
                         if response.status == 200:
-                            results[i] = payload["result"]
+                            results[i] = (await response.json())["result"]
+                        else:
+                            await response.read()
                 except aiohttp.ClientError as err:
                     statuses[i] = type(err).__name__
                 latencies.append(time.perf_counter() - start)
@@ -135,19 +149,23 @@ async def scenarios(args, url: str, queries: list[str]) -> list[dict]:
 
 
 async def robustness(args, url: str, single: list[dict]) -> dict:
-    """Many requests at high concurrency, 20% malformed: every valid one must get 200, every malformed one 4xx."""
+    """Many requests at high concurrency, 20% malformed and 5% odd but well-formed: every valid one (odd ones
+    included) must get 200, every malformed one 4xx, none a 5xx or a dropped connection."""
     rng = random.Random(0)
-    mixed = [rng.choice(MALFORMED) if rng.random() < 0.2 else rng.choice(single) for _ in range(args.robust_requests)]
+    kinds = [rng.choices(["malformed", "odd", "valid"], [0.2, 0.05, 0.75])[0] for _ in range(args.robust_requests)]
+    pools = {"malformed": MALFORMED, "odd": ODD, "valid": single}
+    mixed = [rng.choice(pools[kind]) for kind in kinds]
     run = await run_requests(url, mixed, args.robust_concurrency)
-    is_bad = [body in MALFORMED for body in mixed]
-    valid = [s for s, bad in zip(run["statuses"], is_bad, strict=True) if not bad]
-    malformed = [s for s, bad in zip(run["statuses"], is_bad, strict=True) if bad]
+    valid = [s for s, kind in zip(run["statuses"], kinds, strict=True) if kind != "malformed"]
+    malformed = [s for s, kind in zip(run["statuses"], kinds, strict=True) if kind == "malformed"]
     line = report(f"{args.robust_requests} requests at {args.robust_concurrency}, 20% malformed", run, len(mixed))
     counts = {
         "valid_200": sum(s == 200 for s in valid),
         "valid": len(valid),
         "malformed_4xx": sum(isinstance(s, int) and 400 <= s < 500 for s in malformed),
         "malformed": len(malformed),
+        "5xx": sum(isinstance(s, int) and s >= 500 for s in run["statuses"]),
+        "connection_errors": sum(isinstance(s, str) for s in run["statuses"]),
     }
     print(json.dumps({"robustness": counts}), flush=True)
     return line

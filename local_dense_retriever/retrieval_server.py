@@ -5,9 +5,13 @@
     python local_dense_retriever/retrieval_server.py --retriever-name bm25 --index-path indexes/bm25 \
         --corpus-path wiki-18.jsonl
 
-POST /retrieve {"queries": [...], "topk": 3, "return_scores": false}
+POST /retrieve {"queries": [...], "topk": 3, "return_scores": false}   (or {"query": "..."}, SkyRL's form)
   -> {"result": [[{"id", "contents"}, ...] per query]}, or [{"document": {...}, "score": s}, ...] with scores.
-GET /health -> readiness, corpus size, index type, encoder, queue depth, cache hit rate.
+GET /health -> readiness, corpus size, index type, encoder, queue depth, cache hit rate, repaired queries.
+
+Every well-formed request is answered per query: an empty or blank query gets an empty list, an over-long one is
+cut to --max-query-chars, one with unpaired surrogates has them replaced (both counted in /health), so one odd
+query never fails its neighbours. A malformed request gets a 400 with a message, never a 5xx.
 Binds 127.0.0.1 unless --host says otherwise.
 """
 
@@ -34,7 +38,7 @@ logger = logging.getLogger(__name__)
 class ServerConfig:
     default_topk: int = 3
     max_topk: int = 100
-    max_queries: int = 1024
+    max_queries: int = 16_384  # Search-R1 sends a whole GRPO batch in one request (512 x 5 = 2,560 queries)
     max_query_chars: int = 4096
     max_batch_size: int = 256
     max_wait_ms: float = 2.0
@@ -45,30 +49,57 @@ class RequestError(ValueError):
     """A malformed request: answered with HTTP 400 and this message."""
 
 
-def validate_request(body: Any, config: ServerConfig) -> tuple[list[str], int, bool]:
+@dataclass(frozen=True)
+class RetrieveRequest:
+    queries: list[str]  # as searched: cut to the length limit, unpaired surrogates replaced
+    topk: int
+    return_scores: bool
+    truncated: int  # queries cut to the length limit
+    repaired: int  # queries that held unpaired surrogates
+
+
+def parse_body(raw: bytes) -> Any:
+    """JSON, or a RequestError for anything the parser refuses: invalid text, nesting deeper than the parser
+    recurses, an integer longer than Python converts."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)[:200]
+        raise RequestError(f"body is not valid JSON: {reason}") from None
+
+
+def _valid_text(query: str) -> str:
+    """The query with unpaired surrogates (valid JSON escapes, not encodable text) replaced by U+FFFD."""
+    return query.encode("utf-8", errors="surrogatepass").decode("utf-8", errors="replace")
+
+
+def validate_request(body: Any, config: ServerConfig) -> RetrieveRequest:
     if not isinstance(body, dict):
         raise RequestError('body must be a JSON object like {"queries": ["..."], "topk": 3}')
-    queries = body.get("queries")
+    if "queries" not in body and isinstance(body.get("query"), str):
+        queries = [body["query"]]  # SkyRL's single-query form; answered in the same shape, one list
+    else:
+        queries = body.get("queries")
     if not isinstance(queries, list) or not queries:
-        raise RequestError("'queries' must be a non-empty list of strings")
+        raise RequestError("'queries' must be a non-empty list of strings (or 'query' one string)")
     if len(queries) > config.max_queries:
         raise RequestError(f"too many queries: {len(queries)} > {config.max_queries}; split the request")
     for i, query in enumerate(queries):
         if not isinstance(query, str):
             raise RequestError(f"queries[{i}] is a {type(query).__name__}, not a string")
-        if not query.strip():
-            raise RequestError(f"queries[{i}] is empty")
-        if len(query) > config.max_query_chars:
-            raise RequestError(f"queries[{i}] has {len(query)} characters; the limit is {config.max_query_chars}")
     topk = body.get("topk")
     if topk is None:
         topk = config.default_topk
     if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= config.max_topk:
-        raise RequestError(f"'topk' must be an integer in [1, {config.max_topk}], got {topk!r}")
+        raise RequestError(f"'topk' must be an integer in [1, {config.max_topk}], got {str(topk)[:40]!r}")
     return_scores = body.get("return_scores", False)
     if not isinstance(return_scores, bool):
-        raise RequestError(f"'return_scores' must be true or false, got {return_scores!r}")
-    return queries, topk, return_scores
+        raise RequestError(f"'return_scores' must be true or false, got {str(return_scores)[:40]!r}")
+    valid = [_valid_text(q) for q in queries]
+    repaired = sum(v != q for v, q in zip(valid, queries, strict=True))
+    truncated = sum(len(q) > config.max_query_chars for q in valid)
+    searched = [q[: config.max_query_chars] for q in valid]
+    return RetrieveRequest(searched, topk, return_scores, truncated, repaired)
 
 
 class RetrievalService:
@@ -80,10 +111,14 @@ class RetrievalService:
         self.info = info
         self.cache = LRUCache(config.cache_size)
         self.batcher = MicroBatcher(search, config.max_batch_size, config.max_wait_ms / 1000.0)
+        self.queries_truncated = 0
+        self.queries_repaired = 0
+        self.requests_refused = 0
 
     async def retrieve(self, queries: list[str], topk: int) -> list[Hits]:
+        """Hits per query; a blank query has none (Search-R1 lets the trajectory go on with an empty observation)."""
         keys = [(normalize_query(q), topk) for q in queries]
-        results: list[Hits | None] = [self.cache.get(k) for k in keys]
+        results: list[Hits | None] = [self.cache.get(k) if k[0] else [] for k in keys]
         missing = [i for i, r in enumerate(results) if r is None]
         if missing:
             fresh = await self.batcher.submit([keys[i][0] for i in missing], topk)
@@ -113,6 +148,9 @@ class RetrievalService:
             "queries_searched": self.batcher.queries,
             "cache_size": len(self.cache),
             "cache_hit_rate": round(self.cache.hit_rate, 4),
+            "queries_truncated": self.queries_truncated,
+            "queries_repaired": self.queries_repaired,
+            "requests_refused": self.requests_refused,
         }
 
 
@@ -131,19 +169,18 @@ def create_app(service: RetrievalService):
     @app.post("/retrieve")
     async def retrieve(request: Request):
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            return JSONResponse({"detail": f"body is not valid JSON: {err}"}, status_code=400)
-        try:
-            queries, topk, return_scores = validate_request(body, service.config)
+            parsed = validate_request(parse_body(await request.body()), service.config)
         except RequestError as err:
+            service.requests_refused += 1
             return JSONResponse({"detail": str(err)}, status_code=400)
+        service.queries_truncated += parsed.truncated
+        service.queries_repaired += parsed.repaired
         try:
-            hits = await service.retrieve(queries, topk)
+            hits = await service.retrieve(parsed.queries, parsed.topk)
         except Exception as err:  # noqa: BLE001 - this request's search failed; the server carries on
             logger.exception("retrieval failed")
             return JSONResponse({"detail": f"retrieval failed: {type(err).__name__}: {err}"}, status_code=500)
-        return JSONResponse(service.format(hits, return_scores))
+        return JSONResponse(service.format(hits, parsed.return_scores))
 
     @app.get("/health")
     async def health():
@@ -184,6 +221,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="longest wait for a batch to fill")
     parser.add_argument("--encoder-batch-size", type=int, default=64, help="queries per encoder forward pass")
     parser.add_argument("--cache-size", type=int, default=100_000, help="LRU entries; 0 disables the cache")
+    parser.add_argument("--max-queries", type=int, default=16_384, help="queries per request")
+    parser.add_argument("--max-query-chars", type=int, default=4096, help="longer queries are cut to this length")
     return parser.parse_args(argv)
 
 
@@ -211,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         max_batch_size=args.max_batch_size,
         max_wait_ms=args.max_wait_ms,
         cache_size=args.cache_size,
+        max_queries=args.max_queries,
+        max_query_chars=args.max_query_chars,
     )
     service = RetrievalService(retriever.search, corpus, config, info)
     sock = listen_socket(args.host, args.port)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from slime_search.utils.records import append_records, keep_records_before, read_records
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +54,7 @@ class MetricsSink:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        append_records(self.path, [record])
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=step)
         shown = " ".join(
@@ -63,14 +63,11 @@ class MetricsSink:
         logger.info("step %d %s", step, shown)
 
     def read(self) -> list[dict[str, Any]]:
-        if not self.path.is_file():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return read_records(self.path)
 
-    def drop_from(self, step: int) -> None:
-        """Forget records of steps >= `step` (a resumed run redoes them)."""
-        kept = [r for r in self.read() if r["step"] < step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    def drop_from(self, step: int) -> int:
+        """Forget records of steps >= `step` (a resumed run redoes them); returns how many."""
+        return keep_records_before(self.path, step)
 
     def close(self) -> None:
         if self._wandb is not None:

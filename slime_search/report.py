@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from slime_search.utils.records import read_records
+
 CURVES = {  # file -> (title, [(metric, label)])
     "reward.png": ("Training reward", [("rollout/reward_mean", "rollout reward (mean)")]),
     "em.png": ("Exact match", [("eval/em", "held-out EM (greedy)"), ("rollout/reward_mean", "training reward")]),
@@ -42,13 +44,6 @@ TABLE_KEYS = (
     "time/step_s",
 )
 TAG = re.compile(r"(<search>.*?</search>|<answer>.*?</answer>|<think>.*?</think>)", re.DOTALL)
-
-
-def read_records(path: Path) -> list[dict]:
-    """The records of a run file; none while the run has not written it yet."""
-    from slime_search.rollout.data_source import read_jsonl
-
-    return read_jsonl(path) if path.is_file() else []
 
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:

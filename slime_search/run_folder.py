@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_search.backends.megatron.checkpoint import iteration_dir, latest_iteration
+from slime_search.utils.records import append_records, keep_records_before
 
 ROLLOUT_STATE = "rollout_state.json"
 
@@ -25,14 +26,10 @@ class RunFolder:
         return self.path / "checkpoints"
 
     def record_examples(self, step: int, kind: str, examples: list[dict]) -> None:
-        with open(self.examples, "a") as handle:
-            for example in examples:
-                handle.write(json.dumps({"step": step, "kind": kind, **example}) + "\n")
+        append_records(self.examples, [{"step": step, "kind": kind, **example} for example in examples])
 
-    def drop_examples_from(self, step: int) -> None:
-        if self.examples.is_file():
-            kept = [line for line in self.examples.read_text().splitlines() if json.loads(line)["step"] < step]
-            self.examples.write_text("".join(line + "\n" for line in kept))
+    def drop_examples_from(self, step: int) -> int:
+        return keep_records_before(self.examples, step)
 
     def latest_checkpoint(self) -> int | None:
         """The steps done at the last complete checkpoint (its tracker file is written last), or None."""

@@ -45,6 +45,10 @@ def resume(config, run, group, manager, transport, sink, colocation) -> int:
 
     done = run.latest_checkpoint()
     if done is None:
+        # A run killed before its first checkpoint starts again from step 0: its records would be duplicated.
+        dropped = sink.drop_from(0) + run.drop_examples_from(0)
+        if dropped:
+            logger.info("no checkpoint in %s: dropped %d records of an earlier attempt", run.path, dropped)
         if config.model.load and transport is not None:  # the engines started from the HF weights; give them --load's
             colocation.for_weight_push()
             transport.push("0")

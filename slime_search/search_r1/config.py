@@ -27,6 +27,12 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     group.add_argument(
         "--generation-concurrency", type=int, default=256, help="engine requests in flight (not held while searching)"
     )
+    group.add_argument(
+        "--search-timeout", type=float, default=60.0, help="seconds one search request may take (each retry again)"
+    )
+    group.add_argument(
+        "--search-retries", type=int, default=3, help="retries of a failed search request (5xx, 429, network)"
+    )
     group.add_argument("--search-snippet-only", action=argparse.BooleanOptionalAction, default=True, help="Serper")
     group.add_argument("--max-turns", type=int, default=4, help="search turns before the final answer-only turn")
     group.add_argument("--max-obs-tokens", type=int, default=500, help="observation cap per search, in tokens")
@@ -48,6 +54,8 @@ class SearchR1Config:
     search_topk: int = 3
     search_concurrency: int = 256
     generation_concurrency: int = 256
+    search_timeout: float = 60.0
+    search_retries: int = 3
     search_snippet_only: bool = True
     max_turns: int = 4
     max_obs_tokens: int = 500
@@ -60,6 +68,8 @@ class SearchR1Config:
             raise ValueError(f"unknown --search-backend {self.search_backend!r}; valid: {', '.join(SEARCH_BACKENDS)}")
         if self.max_turns < 0 or self.max_obs_tokens < 0 or self.max_response_tokens <= 0:
             raise ValueError("--max-turns and --max-obs-tokens must be >= 0 and --max-response-tokens > 0")
+        if self.search_timeout <= 0 or self.search_retries < 0:
+            raise ValueError("--search-timeout must be > 0 and --search-retries >= 0")
         if self.max_turns == 0 and not self.final_turn:
             raise ValueError("--max-turns 0 with --no-final-turn leaves no turn to generate in")
 

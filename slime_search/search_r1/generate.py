@@ -87,10 +87,13 @@ class _Resources:
 
     @classmethod
     def open(cls, config: SearchR1Config) -> _Resources:
+        bounds = {"timeout_s": config.search_timeout, "retries": config.search_retries}
         if config.search_backend == "local":
-            search = LocalSearchClient(LocalSearchConfig(url=config.search_url, topk=config.search_topk))
+            search = LocalSearchClient(LocalSearchConfig(url=config.search_url, topk=config.search_topk, **bounds))
         else:
-            search = SerperClient(SerperConfig(topk=config.search_topk, snippet_only=config.search_snippet_only))
+            search = SerperClient(
+                SerperConfig(topk=config.search_topk, snippet_only=config.search_snippet_only, **bounds)
+            )
         return cls(
             EngineClient(EngineClientConfig(config.engine_url)),
             search,

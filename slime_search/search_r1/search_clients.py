@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import logging
 import os
 import random
@@ -44,20 +45,48 @@ class LocalSearchConfig:
     topk: int = 3
     max_batch: int = 64  # queries per coalesced request
     window_ms: float = 5.0  # how long a query waits for company
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0  # one HTTP attempt
     retries: int = 3
     backoff_base_s: float = 0.2
     backoff_cap_s: float = 5.0
 
+    @property
+    def deadline_s(self) -> float:
+        """The longest a search can take: every attempt timing out, with the longest backoff between them, plus the
+        split into single-query requests after a refused batch (one more round of attempts)."""
+        attempts = self.retries + 1
+        return 2 * (attempts * self.timeout_s + self.retries * self.backoff_cap_s) + 1.0
+
+
+def documents_of(hits: object) -> list[dict]:
+    """One query's answer, checked: a list of documents that each carry `contents` text (directly, or under
+    "document" with scores). SearchError otherwise, so a malformed answer fails this query, not the rollout."""
+    if not isinstance(hits, list):
+        raise SearchError(f"retriever answered {type(hits).__name__} for a query, not a list of documents")
+    for doc in hits:
+        inner = doc.get("document", doc) if isinstance(doc, dict) else None
+        if not isinstance(inner, dict) or not isinstance(inner.get("contents"), str):
+            raise SearchError(f"retriever answered a document without 'contents' text: {str(doc)[:120]}")
+    return hits
+
+
+class _Refused(SearchError):
+    """The retriever refused the request (4xx): retrying it unchanged cannot help."""
+
 
 class LocalSearchClient:
-    """Coalesces concurrent single-query calls into batched /retrieve requests over one pooled session."""
+    """Coalesces concurrent single-query calls into batched /retrieve requests over one pooled session.
+
+    Every waiting search is resolved whatever happens to its batch, and none waits past `deadline_s`. A batch the
+    server refuses is re-sent one query per request, so only the query at fault fails.
+    """
 
     def __init__(self, config: LocalSearchConfig, seed: int = 0):
         self.config = config
         self._rng = random.Random(seed)
         self._pending: list[tuple[str, asyncio.Future]] = []
         self._flush_task: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
         self._session = None
         self.requests_sent = 0
         self.queries_sent = 0
@@ -83,7 +112,10 @@ class LocalSearchClient:
             self._flush_now()
         elif self._flush_task is None:
             self._flush_task = asyncio.get_running_loop().create_task(self._flush_later())
-        return await future
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.config.deadline_s)
+        except TimeoutError:
+            raise SearchError(f"no answer from the retriever within {self.config.deadline_s:.0f} s") from None
 
     async def _flush_later(self) -> None:
         await asyncio.sleep(self.config.window_ms / 1000.0)
@@ -93,24 +125,56 @@ class LocalSearchClient:
     def _flush_now(self) -> None:
         batch, self._pending = self._pending[: self.config.max_batch], self._pending[self.config.max_batch :]
         if batch:
-            asyncio.get_running_loop().create_task(self._send(batch))
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._tasks.add(task)  # a reference until it ends: the loop keeps only weak ones
+            task.add_done_callback(self._tasks.discard)
         if self._pending and self._flush_task is None:
             self._flush_task = asyncio.get_running_loop().create_task(self._flush_later())
 
     async def _send(self, batch: list[tuple[str, asyncio.Future]]) -> None:
-        queries = [q for q, _ in batch]
         try:
-            results = await self._post_with_retries(queries)
-        except SearchError as err:
+            try:
+                answers: list[list[dict] | SearchError] = await self._answers([q for q, _ in batch])
+            except _Refused as err:
+                if len(batch) == 1:
+                    raise
+                logger.warning("retriever refused a batch of %d queries (%s); sending them one by one", len(batch), err)
+                answers = await asyncio.gather(*(self._single_answer(q) for q, _ in batch))
+            for (_, future), answer in zip(batch, answers, strict=True):
+                _resolve(future, answer)
+        except Exception as err:  # noqa: BLE001 - whatever went wrong, no search is left waiting
+            failure = (
+                err if isinstance(err, SearchError) else SearchError(f"search failed: {type(err).__name__}: {err}")
+            )
             for _, future in batch:
-                if not future.done():
-                    future.set_exception(err)
-            return
-        for (_, future), docs in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(docs)
+                _resolve(future, failure)
+        finally:
+            for _, future in batch:
+                _resolve(future, SearchError("search abandoned"))
 
-    async def _post_with_retries(self, queries: list[str]) -> list[list[dict]]:
+    async def _single_answer(self, query: str) -> list[dict] | SearchError:
+        try:
+            return (await self._answers([query]))[0]
+        except SearchError as err:
+            return err
+
+    async def _answers(self, queries: list[str]) -> list[list[dict] | SearchError]:
+        """Documents per query (or that query's SearchError) from one request, with bounded retries."""
+        body = await self._post_with_retries(queries)
+        result = body.get("result") if isinstance(body, dict) else None
+        if not isinstance(result, list) or len(result) != len(queries):
+            count = f"{len(result)} lists" if isinstance(result, list) else repr(result)[:60]
+            raise SearchError(f"retriever answered {count} for {len(queries)} queries")
+        self.queries_sent += len(queries)
+        answers: list[list[dict] | SearchError] = []
+        for hits in result:
+            try:
+                answers.append(documents_of(hits))
+            except SearchError as err:
+                answers.append(err)
+        return answers
+
+    async def _post_with_retries(self, queries: list[str]) -> object:
         import aiohttp
 
         payload = {"queries": queries, "topk": self.config.topk, "return_scores": True}
@@ -124,15 +188,17 @@ class LocalSearchClient:
                 session = await self._get_session()
                 self.requests_sent += 1
                 async with session.post(self.config.url, json=payload) as response:
+                    text = await response.text(errors="replace")
                     if response.status == 200:
-                        result = (await response.json())["result"]
-                        if len(result) != len(queries):
-                            raise SearchError(f"retriever answered {len(result)} lists for {len(queries)} queries")
-                        self.queries_sent += len(queries)
-                        return result
-                    last = f"HTTP {response.status}: {(await response.text())[:200]}"
+                        try:
+                            return json.loads(text)
+                        except (ValueError, RecursionError):
+                            raise SearchError(
+                                f"retriever answered 200 with a body that is not JSON: {text[:120]!r}"
+                            ) from None
+                    last = f"HTTP {response.status}: {text[:200]}"
                     if 400 <= response.status < 500 and response.status != 429:
-                        raise SearchError(f"retriever rejected the request: {last}")
+                        raise _Refused(f"retriever rejected the request: {last}")
             except (TimeoutError, aiohttp.ClientError) as err:
                 last = f"{type(err).__name__}: {err}"
         raise SearchError(f"search failed after {self.config.retries + 1} attempts: {last}")
@@ -140,6 +206,15 @@ class LocalSearchClient:
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
+
+
+def _resolve(future: asyncio.Future, answer: list[dict] | SearchError) -> None:
+    if future.done():
+        return
+    if isinstance(answer, SearchError):
+        future.set_exception(answer)
+    else:
+        future.set_result(answer)
 
 
 class _TextExtractor(HTMLParser):
@@ -249,14 +324,14 @@ class SerperClient:
             self._cache.move_to_end(key)
             return self._cache[key]
         async with self._semaphore:
-            items = (await self._query_with_retries(key)).get("organic", [])[: self.config.topk]
+            items = (await self._query_with_retries(key))[: self.config.topk]
             docs = await self._documents(items)
         self._cache[key] = docs
         while len(self._cache) > self.config.cache_size:
             self._cache.popitem(last=False)
         return docs
 
-    async def _query_with_retries(self, query: str) -> dict:
+    async def _query_with_retries(self, query: str) -> list[dict]:
         import aiohttp
 
         body = {"q": query, "num": self.config.topk}
@@ -265,16 +340,23 @@ class SerperClient:
             delay = 0.0
             try:
                 session = await self._get_session()
-                async with session.post(self.config.endpoint, json=body, headers=self._headers) as response:
+                # No redirects: aiohttp would carry the API key to whatever origin the redirect names.
+                async with session.post(
+                    self.config.endpoint, json=body, headers=self._headers, allow_redirects=False
+                ) as response:
                     if response.status == 200:
-                        return await response.json()
+                        return serper_answer(await response.text(errors="replace"))
                     last = f"HTTP {response.status}"
                     if response.status == 429:
                         delay = _retry_after_seconds(response.headers.get("Retry-After"))
+                    elif 300 <= response.status < 400:
+                        raise SearchError(f"Serper answered a redirect ({last}); not followed, the key stays here")
                     elif 400 <= response.status < 500:
                         raise SearchError(f"Serper rejected the query ({last})")
             except (TimeoutError, aiohttp.ClientError) as err:
                 last = type(err).__name__
+            except _Malformed as err:  # a garbled answer may be a passing fault: retried like a 5xx
+                last = str(err)
             if attempt < self.config.retries:
                 base = backoff_delay(attempt, self.config.backoff_base_s, self.config.backoff_cap_s, self._rng)
                 await asyncio.sleep(max(delay, base))
@@ -282,16 +364,14 @@ class SerperClient:
 
     async def _documents(self, items: list[dict]) -> list[dict]:
         if self.config.snippet_only:
-            contexts = [
-                " ".join(snippet_sentences(item.get("snippet", ""))) or item.get("snippet", "") for item in items
-            ]
+            contexts = [" ".join(snippet_sentences(item["snippet"])) or item["snippet"] for item in items]
         else:
             # One fetch per item (empty for items without a link), so pages stay aligned with their items.
-            pages = await asyncio.gather(*(self._fetch_page(item.get("link", "")) for item in items))
-            contexts = [page_context(item.get("snippet", ""), page) for item, page in zip(items, pages, strict=True)]
+            pages = await asyncio.gather(*(self._fetch_page(item["link"]) for item in items))
+            contexts = [page_context(item["snippet"], page) for item, page in zip(items, pages, strict=True)]
         docs = []
         for item, context in zip(items, contexts, strict=True):
-            title = item.get("title", "") or "No title."
+            title = item["title"] or "No title."
             docs.append({"contents": f'"{title}"\n{context or "No snippet available."}'})
         return docs
 
@@ -314,6 +394,28 @@ class SerperClient:
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
+
+
+class _Malformed(SearchError):
+    """Serper answered 200 with a body that is not its JSON."""
+
+
+def serper_answer(text: str) -> list[dict]:
+    """The organic results of a Serper answer, each with `title`, `link` and `snippet` as text ("" when absent);
+    results that are not objects are dropped. _Malformed when the body is not a JSON object with a list there."""
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        raise _Malformed(f"Serper answered 200 with a body that is not JSON: {text[:80]!r}") from None
+    organic = body.get("organic", []) if isinstance(body, dict) else None
+    if not isinstance(organic, list):
+        raise _Malformed(f"Serper's answer has no list of organic results: {text[:80]!r}")
+    fields = ("title", "link", "snippet")
+    return [
+        {name: value if isinstance(value := item.get(name), str) else "" for name in fields}
+        for item in organic
+        if isinstance(item, dict)
+    ]
 
 
 def _retry_after_seconds(value: str | None) -> float:

@@ -3,7 +3,14 @@
     python tests/search_r1/serper_standin.py --port 0 --api-key KEY
 
 POST /search answers Serper-shaped JSON for known queries; the query "busy" gets a 429 with Retry-After on its
-first call. GET /page/{name} serves HTML pages in various encodings; /page/slow never answers in time.
+first call, "redirect" a 307 to /capture under another origin (localhost), "garbled" a 200 that is not JSON, "odd"
+results with missing and non-text fields. GET /page/{name} serves HTML pages in various encodings; /page/slow never
+answers in time. /capture records the headers it received (GET /captured lists them).
+
+POST /retrieve is a retriever that misbehaves on cue, for the local search client: a request holding the query
+"garbled" gets a 200 that is not JSON, "no-result" a JSON object without `result`, "null-result" `result: null`,
+"refuse" a 400 for the whole request (an older server's answer to one bad query); the query "no-contents" gets
+documents without `contents`. Every other query gets one document that names it.
 """
 
 import argparse
@@ -36,9 +43,39 @@ def build_app(api_key: str):
     app = FastAPI()
     calls: dict[str, int] = {}
 
+    captured: list[dict] = []
+    retrieve_requests: list[int] = []
+
     @app.get("/health")
     async def health():
-        return {"ok": True, "calls": calls}
+        return {"ok": True, "calls": calls, "retrieve_requests": retrieve_requests}
+
+    @app.api_route("/capture", methods=["GET", "POST"])
+    async def capture(request: Request):
+        captured.append(dict(request.headers))
+        return {"organic": [{"title": "Captured", "snippet": "a redirect target answered"}]}
+
+    @app.get("/captured")
+    async def captured_headers():
+        return captured
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request):
+        queries = (await request.json())["queries"]
+        retrieve_requests.append(len(queries))
+        if "garbled" in queries:
+            return Response(content=b"<html>502 from a proxy</html>", media_type="text/html")
+        if "no-result" in queries:
+            return {"answer": []}
+        if "null-result" in queries:
+            return {"result": None}
+        if "refuse" in queries:
+            return JSONResponse({"detail": "queries[0] is empty"}, status_code=400)
+        result = [
+            [{"title": q}] if q == "no-contents" else [{"document": {"contents": f'"{q}"\nabout {q}'}, "score": 1.0}]
+            for q in queries
+        ]
+        return {"result": result}
 
     @app.post("/search")
     async def search(request: Request):
@@ -49,6 +86,14 @@ def build_app(api_key: str):
         calls[query] = calls.get(query, 0) + 1
         if query == "busy" and calls[query] == 1:
             return JSONResponse({"message": "rate limited"}, status_code=429, headers={"Retry-After": "1"})
+        if query == "redirect":
+            target = str(request.base_url).replace("127.0.0.1", "localhost").rstrip("/") + "/capture"
+            return Response(status_code=307, headers={"Location": target})
+        if query == "garbled":
+            return Response(content=b"<html>upstream error</html>", media_type="text/html")
+        if query == "odd":
+            organic = ["not an object", {"title": None, "snippet": 5}, {"title": "Fine", "snippet": "kept as it is"}]
+            return {"organic": organic}
         base = str(request.base_url).rstrip("/")
         organic = [
             {"title": "Café de Flore", "link": f"{base}/page/latin1", "snippet": f"{CAFE[:60]} ... {CAFE[60:]}"},

@@ -30,6 +30,8 @@ SCRIPT = {
     "red heron": ["<think> search again </think>\n<search> red heron </search>"],
     "green otter": ["<think> I will just stop.<|im_end|>"],
     "black bison": ["<think> " + "very long thinking " * 40 + "</think>\n<answer> x </answer>"],
+    "white crane": ["<think> nothing to ask </think>\n<search> </search>", "<answer> valley 3 </answer>"],
+    "grey mole": ["<search> no-contents </search>", "<answer> valley 3 </answer>"],
 }
 
 
@@ -190,6 +192,23 @@ def test_search_failure_marks_the_sample_failed(servers, tiny_checkpoint):
     assert sample.status is Status.FAILED and not sample.trainable
     assert sample.metadata["finish_reason"] == "search_error" and "after 4 attempts" in sample.metadata["error"]
     assert "<information>" not in sample.response  # never trained on an empty observation
+
+
+def test_a_blank_query_gets_an_empty_observation_and_the_trajectory_goes_on(servers, tiny_checkpoint):
+    sample = run(make_args(servers, tiny_checkpoint), "Where does the white crane live")
+    assert sample.status is Status.COMPLETED and sample.metadata["finish_reason"] == "answer"
+    assert sample.metrics["searches"] == 1 and "<information></information>" in sample.response
+
+
+def test_malformed_documents_fail_the_sample_not_the_rollout(servers, tiny_checkpoint):
+    from tests.conftest import REPO_ROOT
+
+    standin = [str(REPO_ROOT / "tests" / "search_r1" / "serper_standin.py"), "--port", "0", "--api-key", "k"]
+    with ServerProcess(standin) as broken_retriever:
+        args = make_args(servers, tiny_checkpoint, search_url=f"{broken_retriever.url}/retrieve")
+        sample = run(args, "Where does the grey mole live")
+    assert sample.status is Status.FAILED and sample.metadata["finish_reason"] == "search_error"
+    assert "without 'contents'" in sample.metadata["error"]
 
 
 @pytest.mark.slow

@@ -83,17 +83,75 @@ def test_local_client_raises_typed_error_when_unreachable():
         asyncio.run(run())
 
 
-def test_local_client_does_not_retry_a_rejected_request(bm25_server):
+def test_one_blank_query_among_concurrent_searches_fails_none_of_them(bm25_server):
+    """Search-R1 passes a blank query through and the trajectory goes on: the real server answers it with no
+    documents, and the coalesced batch it rode in is answered for every query."""
+
     async def run():
-        client = LocalSearchClient(LocalSearchConfig(url=f"{bm25_server.url}/retrieve", backoff_base_s=0.01))
+        client = LocalSearchClient(LocalSearchConfig(url=f"{bm25_server.url}/retrieve", window_ms=50))
         try:
-            await client.search("   ")  # the server answers 400: an empty query
+            return await asyncio.gather(*(client.search(q) for q in ["red walrus", " ", "blue walrus", ""]))
         finally:
             await client.close()
-        return client
 
-    with pytest.raises(SearchError, match="rejected the request: HTTP 400"):
-        asyncio.run(run())
+    red, blank, blue, empty = asyncio.run(run())
+    assert blank == [] and empty == []
+    assert red[0]["document"]["contents"].startswith('"Red Walrus"')
+    assert blue[0]["document"]["contents"].startswith('"Blue Walrus"')
+
+
+def search_all(url: str, queries: list[str], **config) -> list:
+    """Every query searched concurrently through one client: its documents, or the exception it ended with."""
+
+    async def run():
+        client = LocalSearchClient(LocalSearchConfig(url=url, window_ms=50, backoff_base_s=0.01, **config))
+        try:
+            return await asyncio.wait_for(
+                asyncio.gather(*(client.search(q) for q in queries), return_exceptions=True), timeout=60
+            )
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("fault", ["garbled", "no-result", "null-result"])
+def test_a_malformed_200_answer_resolves_every_waiting_search(serper, fault):
+    """The batch's answer is unusable, so each of its searches fails, with the reason; none is left waiting."""
+    queries = [f"question {i}" for i in range(62)] + [fault]
+    outcomes = search_all(f"{serper.url}/retrieve", queries)
+    assert len(outcomes) == 63 and all(isinstance(o, SearchError) for o in outcomes)
+    assert "not JSON" in str(outcomes[0]) if fault == "garbled" else "for 63 queries" in str(outcomes[0])
+
+
+def test_only_the_query_with_malformed_documents_fails(serper):
+    outcomes = search_all(f"{serper.url}/retrieve", ["first", "no-contents", "third"])
+    assert outcomes[0][0]["document"]["contents"] == '"first"\nabout first'
+    assert isinstance(outcomes[1], SearchError) and "without 'contents'" in str(outcomes[1])
+    assert outcomes[2][0]["document"]["contents"] == '"third"\nabout third'
+
+
+def test_a_refused_batch_is_resent_query_by_query_and_only_the_refused_one_fails(serper):
+    before = len(httpx.get(f"{serper.url}/health").json()["retrieve_requests"])
+    outcomes = search_all(f"{serper.url}/retrieve", ["first", "refuse", "third"])
+    assert isinstance(outcomes[0], list) and isinstance(outcomes[1], SearchError) and isinstance(outcomes[2], list)
+    assert "rejected the request: HTTP 400" in str(outcomes[1])
+    sizes = httpx.get(f"{serper.url}/health").json()["retrieve_requests"][before:]
+    assert sizes == [3, 1, 1, 1]  # the batch, then each query alone; a refusal is not retried
+
+
+def test_a_search_that_gets_no_answer_fails_at_its_deadline():
+    """A server that accepts the connection and never answers: the search ends with a SearchError in bounded time."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/retrieve"
+        config = {"timeout_s": 0.2, "retries": 1, "backoff_cap_s": 0.05}
+        assert LocalSearchConfig(url, **config).deadline_s < 3
+        (outcome,) = search_all(url, ["anything"], **config)
+    assert isinstance(outcome, SearchError)
 
 
 KEY = "test-secret-key-123"
@@ -183,6 +241,37 @@ def test_serper_honours_retry_after_and_hides_the_key(monkeypatch, serper, caplo
     with pytest.raises(SearchError) as info:
         asyncio.run(unauthorized())
     assert "wrong-key" not in str(info.value) and KEY not in caplog.text
+
+
+def test_serper_never_follows_a_redirect_with_the_key(monkeypatch, serper):
+    monkeypatch.setenv("SERPER_API_KEY", KEY)
+
+    async def run():
+        client = SerperClient(serper_config(serper))
+        try:
+            await client.search("redirect")
+        finally:
+            await client.close()
+
+    with pytest.raises(SearchError, match="redirect"):
+        asyncio.run(run())
+    assert httpx.get(f"{serper.url}/captured").json() == []  # the other origin never saw a request, let alone the key
+
+
+def test_serper_garbled_or_odd_answers_become_search_errors_or_clean_documents(monkeypatch, serper):
+    monkeypatch.setenv("SERPER_API_KEY", KEY)
+
+    async def run(query):
+        client = SerperClient(serper_config(serper, retries=1))
+        try:
+            return await client.search(query)
+        finally:
+            await client.close()
+
+    with pytest.raises(SearchError, match="not JSON"):
+        asyncio.run(run("garbled"))
+    docs = asyncio.run(run("odd"))
+    assert [d["contents"] for d in docs] == ['"No title."\nNo snippet available.', '"Fine"\nkept as it is']
 
 
 def test_html_to_text_and_page_context():

@@ -1,0 +1,48 @@
+"""Run records stay exact across crashes: whole-line appends, a torn tail dropped, a fresh start truncating."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from slime_search.metrics import MetricsSink
+from slime_search.run_folder import RunFolder
+from slime_search.train import resume
+from slime_search.utils.records import RecordsError, append_records, keep_records_before, read_records
+
+
+def test_appends_are_whole_lines_and_a_torn_tail_is_dropped(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    append_records(path, [{"step": 0, "x": 1.0}, {"step": 1, "x": 2.0}])
+    with open(path, "a") as handle:
+        handle.write('{"step": 2, "x": 3')  # a kill in the middle of the next write
+    assert read_records(path) == [{"step": 0, "x": 1.0}, {"step": 1, "x": 2.0}]
+    assert keep_records_before(path, 2) == 0 and path.read_text().endswith('"x": 2.0}\n')  # the tail is gone
+    append_records(path, [{"step": 2, "x": 3.0}])
+    assert [r["step"] for r in read_records(path)] == [0, 1, 2]
+
+
+def test_a_damaged_line_before_the_last_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text('{"step": 0}\nnot json\n{"step": 1}\n')
+    with pytest.raises(RecordsError, match="rollouts.jsonl:2"):
+        read_records(path)
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_recorded_once_per_step_when_rerun(tmp_path):
+    """With no checkpoint the rerun starts at step 0: what the killed attempt recorded is dropped, so every step
+    appears once (the earlier attempt's torn line with it)."""
+    run, sink = RunFolder(tmp_path), MetricsSink(tmp_path)
+    for step in (0, 1):
+        sink.log(step, {"train/loss": 1.0})
+        run.record_examples(step, "train", [{"prompt": "p", "segments": []}])
+    with open(sink.path, "a") as handle:
+        handle.write('{"step": 2, "train/lo')
+    config = SimpleNamespace(model=SimpleNamespace(load=None))  # nothing to push: the engines serve the HF weights
+    assert resume(config, run, None, None, None, sink, None) == 0
+    assert sink.read() == [] and read_records(run.examples) == []
+    for step in range(3):
+        sink.log(step, {"train/loss": 0.5})
+        run.record_examples(step, "train", [{"prompt": "p", "segments": []}])
+    assert [r["step"] for r in sink.read()] == [0, 1, 2]
+    assert [json.loads(line)["step"] for line in run.examples.read_text().splitlines()] == [0, 1, 2]
