@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ref-load", default=None, help="torch_dist folder of the KL reference (else the initial weights)")
     g.add_argument("--save", required=True, help="run folder: checkpoints, synced weights, metrics, report")
     g.add_argument("--save-interval", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
+    g.add_argument(
+        "--keep-checkpoints", type=int, default=2, help="newest checkpoints kept in SAVE/checkpoints (0: all of them)"
+    )
     g.add_argument("--seed", type=int, default=1234)
     g = parser.add_argument_group("cluster")
     g.add_argument("--actor-num-nodes", type=int, default=1)
@@ -291,6 +294,7 @@ class RunConfig:
     run_dir: str
     num_rollout: int
     save_interval: int  # 0: only at the end
+    keep_checkpoints: int  # 0: every checkpoint
     eval_interval: int  # 0: only at the end (when there are eval sets)
     log_rollout_examples: int
     colocate: bool
@@ -318,12 +322,15 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
     from slime_search.ray.train_group import TrainGroupConfig
     from slime_search.weight_sync.transports import WeightSyncConfig
 
+    if args.keep_checkpoints < 0:
+        raise ValueError(f"--keep-checkpoints must be >= 0 (0 keeps all), got {args.keep_checkpoints}")
     actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
     engines = engine_config(args, use_gpu, colocated_gpus=actor_gpus if args.colocate else 0)
     return RunConfig(
         run_dir=args.save,
         num_rollout=args.num_rollout,
         save_interval=args.save_interval,
+        keep_checkpoints=args.keep_checkpoints,
         eval_interval=args.eval_interval,
         log_rollout_examples=args.log_rollout_examples,
         colocate=args.colocate,

@@ -6,13 +6,15 @@ complete checkpoint."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
-from slime_search.backends.megatron.checkpoint import iteration_dir, latest_iteration
+from slime_search.backends.megatron.checkpoint import iteration_dir, latest_iteration, prune_iterations
 from slime_search.utils.records import append_records, keep_records_before
 
 ROLLOUT_STATE = "rollout_state.json"
+logger = logging.getLogger(__name__)
 
 
 class RunFolder:
@@ -30,6 +32,11 @@ class RunFolder:
 
     def drop_examples_from(self, step: int) -> int:
         return keep_records_before(self.examples, step)
+
+    def prune_checkpoints(self, keep: int) -> None:
+        removed = prune_iterations(self.checkpoints, keep)
+        if removed:
+            logger.info("removed checkpoints of steps %s (--keep-checkpoints %d)", removed, keep)
 
     def latest_checkpoint(self) -> int | None:
         """The steps done at the last complete checkpoint (its tracker file is written last), or None."""

@@ -30,13 +30,15 @@ def evaluate(config, manager, sink, run, version: int) -> None:
     run.record_examples(version, "eval", shown)
 
 
-def save(run, group, manager, steps_done: int) -> None:
+def save(run, group, manager, steps_done: int, keep: int) -> None:
     """The actor (model, optimizer, RNG) and the rollout state in one folder that is renamed into place when complete,
-    the tracker file last: a run killed mid-save resumes from the previous complete checkpoint."""
+    the tracker file last: a run killed mid-save resumes from the previous complete checkpoint. Then all but the
+    newest `keep` checkpoints are removed."""
     import ray
 
     state = run.rollout_state_file(steps_done, ray.get(manager.state_dict.remote()))
     group.save(str(run.checkpoints), steps_done, state)
+    run.prune_checkpoints(keep)
 
 
 def resume(config, run, group, manager, transport, sink, colocation) -> int:
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             sink.log(step, {**metrics, **colocation.metrics(), **clock.times()})
             if config.save_due(step + 1):
                 colocation.for_weight_push()  # the actor's state must be on its device
-                save(run, group, manager, step + 1)
+                save(run, group, manager, step + 1, config.keep_checkpoints)
         if config.eval_due(config.num_rollout) and start <= config.num_rollout:
             colocation.for_generation()
             evaluate(config, manager, sink, run, config.num_rollout)

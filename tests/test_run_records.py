@@ -46,3 +46,24 @@ def test_a_run_killed_before_its_first_checkpoint_is_recorded_once_per_step_when
         run.record_examples(step, "train", [{"prompt": "p", "segments": []}])
     assert [r["step"] for r in sink.read()] == [0, 1, 2]
     assert [json.loads(line)["step"] for line in run.examples.read_text().splitlines()] == [0, 1, 2]
+
+
+def make_checkpoints(root, iterations, tracked):
+    for iteration in iterations:
+        (root / f"iter_{iteration:07d}").mkdir(parents=True)
+    (root / "iter_0000009.partial").mkdir()  # a save in flight is not a checkpoint
+    (root / "latest_checkpointed_iteration.txt").write_text(str(tracked))
+
+
+def test_only_the_newest_checkpoints_are_kept_and_never_the_tracked_one(tmp_path):
+    from slime_search.backends.megatron.checkpoint import prune_iterations
+
+    make_checkpoints(tmp_path / "a", [1, 2, 3, 4, 5], tracked=5)
+    assert prune_iterations(tmp_path / "a", keep=2) == [1, 2, 3]
+    assert sorted(p.name for p in (tmp_path / "a").glob("iter_*")) == [
+        "iter_0000004", "iter_0000005", "iter_0000009.partial"
+    ]  # fmt: skip
+    make_checkpoints(tmp_path / "b", [1, 2, 3], tracked=1)  # a run resumed from an older checkpoint
+    assert prune_iterations(tmp_path / "b", keep=1) == [2]
+    make_checkpoints(tmp_path / "c", [1, 2, 3], tracked=3)
+    assert prune_iterations(tmp_path / "c", keep=0) == []

@@ -107,6 +107,8 @@ def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_
     assert any(not torch.equal(first_weights[k], after[k]) for k in after)
     assert not (run / "weights" / "step_1").exists()  # only the newest synced copy is kept
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "3"
+    kept = sorted(path.name for path in (run / "checkpoints").glob("iter_*"))
+    assert kept == ["iter_0000002", "iter_0000003"]  # --keep-checkpoints 2 (the default) pruned step 1's
     examples = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     assert sorted({(e["kind"], e["step"]) for e in examples}) == [
         ("eval", 0), ("eval", 2), ("eval", 3), ("train", 0), ("train", 1), ("train", 2)

@@ -28,6 +28,23 @@ def latest_iteration(root: str | Path) -> int | None:
     return 0 if text == "release" else int(text)
 
 
+def prune_iterations(root: str | Path, keep: int) -> list[int]:
+    """Remove all but the newest `keep` complete checkpoints (never the one the tracker names); returns the
+    iterations removed. `keep` 0 keeps every one."""
+    current = latest_iteration(root)
+    found = sorted(
+        int(path.name[len("iter_") :])
+        for path in Path(root).glob("iter_*")
+        if path.is_dir() and path.name[len("iter_") :].isdigit()
+    )
+    if keep <= 0:
+        return []
+    removed = [it for it in found[:-keep] if it != current]
+    for iteration in removed:
+        shutil.rmtree(iteration_dir(root, iteration))
+    return removed
+
+
 def partial_dir(root: str | Path, iteration: int) -> Path:
     return Path(root) / f"iter_{iteration:07d}.partial"
 
