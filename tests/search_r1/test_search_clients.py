@@ -283,3 +283,14 @@ def test_html_to_text_and_page_context():
         == "the quick brown fox jumps over the lazy dog today"
     )
     assert page_context("no match here at all in this page text", text) == "no match here at all in this page text"
+
+
+def test_a_server_process_removes_only_the_log_it_created(tmp_path):
+    argv = [str(REPO_ROOT / "tests" / "search_r1" / "serper_standin.py"), "--port", "0", "--api-key", KEY]
+    with ServerProcess(argv) as own:
+        own_log = own.log_path
+        assert own_log.is_file()
+    assert not own_log.exists()  # a temporary log of its own making does not litter /tmp
+    with ServerProcess(argv, log_path=tmp_path / "server.log") as given:
+        pass
+    assert given.log_path.is_file()  # a log the caller asked for stays
