@@ -21,17 +21,29 @@ OBSERVATION_MARKERS = ("</information>", "My previous action is invalid.")
 
 
 def turn_response(tokenizer, text: str, body: dict, weight_version: str, log_prob) -> dict:
-    """SGLang's /generate answer for a scripted turn: `text` encoded, cut to max_new_tokens, with the finish reason
-    the engine would give (a stop string the text ends with, an end-of-turn token, or the length limit)."""
+    """SGLang's /generate answer for a scripted turn: `text` encoded and cut where SGLang would stop decoding it, in
+    SGLang's order per token (`Req.check_finished`): the length limit, then an end-of-turn token, then a stop
+    string completed by the token, which is kept whole (`no_stop_trim`), trailing characters included."""
     ids = tokenizer.encode(text, add_special_tokens=False)
     params = body.get("sampling_params", {})
     limit = params.get("max_new_tokens", len(ids))
-    finish = {"type": "stop", "matched": next((s for s in params.get("stop", []) if text.endswith(s)), None)}
     end_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    if ids and ids[-1] in end_ids:
-        finish = {"type": "stop", "matched": ids[-1]}
-    if len(ids) > limit:
-        ids, finish = ids[:limit], {"type": "length", "length": limit}
+    stops = params.get("stop") or []
+    finish = {"type": "stop", "matched": None}  # the script ran out: as if the model ended without a stop token
+    for count in range(1, len(ids) + 1):
+        if count >= limit:
+            ids, finish = ids[:count], {"type": "length", "length": limit}
+            break
+        if ids[count - 1] in end_ids:
+            ids, finish = ids[:count], {"type": "stop", "matched": ids[count - 1]}
+            break
+        decoded = tokenizer.decode(ids[:count])
+        matched = next((s for s in stops if s in decoded), None)
+        if matched is not None:
+            ids, finish = ids[:count], {"type": "stop", "matched": matched}
+            break
+    if limit == 0:
+        ids, finish = [], {"type": "length", "length": 0}
     return {
         "text": tokenizer.decode(ids),
         "output_ids": ids,

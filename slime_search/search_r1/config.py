@@ -38,6 +38,12 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     group.add_argument("--max-obs-tokens", type=int, default=500, help="observation cap per search, in tokens")
     group.add_argument("--max-response-tokens", type=int, default=4096, help="total response budget (all turns)")
     group.add_argument("--no-final-turn", dest="final_turn", action="store_false", help="drop the answer-only turn")
+    group.add_argument(
+        "--end-on-no-action",
+        action="store_true",
+        help="a turn ended by EOS or its token limit with neither search nor answer ends the trajectory "
+        "(default: Search-R1's invalid-action message and another turn)",
+    )
     group.add_argument("--structure-format-score", type=float, default=0.0)
     group.add_argument("--final-format-score", type=float, default=0.0)
     group.add_argument("--retrieval-score", type=float, default=0.0)
@@ -61,6 +67,7 @@ class SearchR1Config:
     max_obs_tokens: int = 500
     max_response_tokens: int = 4096
     final_turn: bool = True
+    end_on_no_action: bool = False
     apply_chat_template: bool = False
 
     def __post_init__(self) -> None:

@@ -161,6 +161,55 @@ async def generate(args: Any, sample: Sample, sampling_params: dict) -> Sample:
     return await run_trajectory(session.config, session.tokenizer, session.resources, sample, sampling_params)
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One turn as the engine generated it and as Search-R1 reads it.
+
+    `ids`/`log_probs` are what the policy sampled (trained on, token for token); `text` is what the action parser
+    and the reward read: decoded without special tokens and cut right after the first closing tag, as Search-R1
+    reads a turn (`skip_special_tokens=True`, then `_postprocess_responses`). The token that completes a tag can
+    carry more characters (Qwen2 merges `>.`, `>\\n\\n`, `>",`); they stay in the token stream, which cannot be
+    split, but not in the text, so they cannot fail the format check.
+    """
+
+    ids: list[int]
+    log_probs: list[float]
+    text: str
+    action: str | None
+    content: str
+    end_token: bool  # EOS (or another stop token) ended the turn and is its last id
+
+
+def first_closing_tag_end(text: str) -> int | None:
+    """Index just past the first `</search>` or `</answer>` in `text`, if any."""
+    ends = [i + len(tag) for tag in STOP_STRINGS if (i := text.find(tag)) >= 0]
+    return min(ends) if ends else None
+
+
+def read_turn(tokenizer, ids: list[int], log_probs: list[float], finish_reason: dict) -> Turn:
+    """The turn's tokens up to the one that completes its first closing tag (engines stop there already: this only
+    trims an engine that ignored the stop strings) and the text Search-R1 would read of them."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    tag_end = first_closing_tag_end(text)
+    if tag_end is not None:
+        keep = len(ids)
+        while keep > 1 and first_closing_tag_end(tokenizer.decode(ids[: keep - 1], skip_special_tokens=True)):
+            keep -= 1
+        ids, log_probs, text = ids[:keep], log_probs[:keep], text[:tag_end]
+    matched = finish_reason.get("matched")
+    end_token = isinstance(matched, int) and bool(ids) and ids[-1] == matched
+    action, content = parse_action(text)
+    return Turn(ids, log_probs, text, action, content, end_token)
+
+
+def without_end_token(turn: Turn) -> Turn:
+    """The turn minus the EOS that ended it: Search-R1 decodes the turn without special tokens and goes on, so a
+    trajectory that continues never has an end-of-sequence token in its middle."""
+    if not turn.end_token:
+        return turn
+    return Turn(turn.ids[:-1], turn.log_probs[:-1], turn.text, turn.action, turn.content, False)
+
+
 async def run_trajectory(
     config: SearchR1Config, tokenizer, res: _Resources, sample: Sample, sampling_params: dict
 ) -> Sample:
@@ -169,7 +218,7 @@ async def run_trajectory(
     sample.status = Status.COMPLETED
     finish = "stop"
     turn_limit = config.max_turns + (1 if config.final_turn else 0)
-    for turn in range(turn_limit):
+    for turn_index in range(turn_limit):
         remaining = config.max_response_tokens - sample.response_length
         if remaining <= 0:
             sample.status, finish = Status.TRUNCATED, "length"
@@ -177,34 +226,36 @@ async def run_trajectory(
         async with res.generation_slots:
             out = await res.engine.generate(_turn_sampling_params(sampling_params, remaining), input_ids=sample.tokens)
         meta = out["meta_info"]
-        ids = [int(i) for i in out["output_ids"]]
+        reason = meta["finish_reason"]
         log_probs = [float(lp) for lp, _, _ in meta["output_token_logprobs"]]
-        turn_text = tokenizer.decode(ids)
-        sample.append_response_tokens(ids, generated=True, log_probs=log_probs, text=turn_text)
+        turn = read_turn(tokenizer, [int(i) for i in out["output_ids"]], log_probs, reason)
+        final = turn_index >= config.max_turns  # the answer-only turn: no more searches
+        goes_on = turn.action is None and not final and not config.end_on_no_action and reason["type"] != "abort"
+        if goes_on:
+            turn = without_end_token(turn)
+        sample.append_response_tokens(turn.ids, generated=True, log_probs=turn.log_probs, text=turn.text)
         sample.weight_versions.append(str(meta.get("weight_version", "")))
         metrics["turns"] += 1
-        reason = meta["finish_reason"]
         if reason["type"] == "abort":
             sample.status, finish = Status.ABORTED, "abort"
             break
-        if reason["type"] == "length":
-            sample.status, finish = Status.TRUNCATED, "length"
-            break
-        if isinstance(reason.get("matched"), int):  # EOS or a stop token: the model ended the trajectory
-            finish = "eos"
-            break
-        action, content = parse_action(turn_text)
-        if action == "answer":
+        if turn.action == "answer":
             finish = "answer"
             break
-        if turn >= config.max_turns:  # the final turn: no more searches
+        if turn.action is None and config.end_on_no_action and reason["type"] == "length":
+            sample.status, finish = Status.TRUNCATED, "length"
+            break
+        if turn.action is None and config.end_on_no_action and turn.end_token:
+            finish = "eos"
+            break
+        if final:
             finish = "final_turn"
             break
-        if action == "search":
+        if turn.action == "search":
             start = time.perf_counter()
             try:
                 async with res.search_slots:
-                    docs = await res.search.search(content)
+                    docs = await res.search.search(turn.content)
             except SearchError as err:
                 sample.status, finish = Status.FAILED, "search_error"
                 sample.metadata["error"] = str(err)
@@ -214,7 +265,7 @@ async def run_trajectory(
             metrics["searches"] += 1
             obs_ids, truncated = observation_ids(tokenizer, docs, config.max_obs_tokens)
             metrics["obs_truncations"] += int(truncated)
-        else:
+        else:  # neither search nor answer (EOS, token limit, or a stray tag): Search-R1's message and another turn
             metrics["invalid_actions"] += 1
             obs_ids = tokenizer.encode(INVALID_ACTION, add_special_tokens=False)
         obs_ids = obs_ids[: max(0, config.max_response_tokens - sample.response_length)]

@@ -28,7 +28,15 @@ SCRIPT = {
         "<think> let me answer </think> <answer> valley 10 </answer>",
     ],
     "red heron": ["<think> search again </think>\n<search> red heron </search>"],
-    "green otter": ["<think> I will just stop.<|im_end|>"],
+    "green otter": ["<think> I will just stop.<|im_end|>", "<answer> valley 54 </answer>"],
+    "brown hare": ["<think> " + "rambling on and on " * 30, "<answer> valley 54 </answer>"],
+    # Qwen2 merges ">." and ">\n\n" into the token that completes the tag
+    "pink crab": [
+        "<think> look </think>\n<search> pink crab </search>\n\nmore",
+        "<think> found it </think>\n<answer> valley 54 </answer>.",
+    ],
+    "teal newt": ["<think> a<|im_start|> b </think>\n<answer> valley 54 </answer>"],
+    "olive toad": ["<search> olive </answer> toad </search>", "<answer> valley 54 </answer>"],
     "black bison": ["<think> " + "very long thinking " * 40 + "</think>\n<answer> x </answer>"],
     "white crane": ["<think> nothing to ask </think>\n<search> </search>", "<answer> valley 3 </answer>"],
     "grey mole": ["<search> no-contents </search>", "<answer> valley 3 </answer>"],
@@ -178,10 +186,71 @@ def test_observation_cap_and_response_budget(servers, tiny_checkpoint):
     assert budget.metadata["finish_reason"] == "length"
 
 
-def test_eos_ends_the_trajectory(servers, tiny_checkpoint):
+def test_eos_without_an_action_gets_the_invalid_action_message_and_another_turn(servers, tiny_checkpoint):
+    """Search-R1's loop: a turn with neither search nor answer is an invalid action, also when EOS ended it; the EOS
+    is dropped (Search-R1 reads the turn without special tokens), so no trajectory has an EOS in its middle."""
     sample = run(make_args(servers, tiny_checkpoint), "Where does the green otter live")
-    assert sample.metadata["finish_reason"] == "eos" and sample.metrics["turns"] == 1
-    assert sample.response_tokens[-1] == 151645
+    sample.metadata["tokenizer"] = str(tiny_checkpoint)
+    assert sample.metadata["finish_reason"] == "answer" and sample.status is Status.COMPLETED
+    assert sample.metrics["turns"] == 2 and sample.metrics["invalid_actions"] == 1
+    assert 151645 not in sample.response_tokens
+    assert spans(sample) == [(1, "<think> I will just stop."), (0, INVALID_ACTION), (1, SCRIPT["green otter"][1])]
+    reward = asyncio.run(reward_func(search_r1_args(), sample))
+    assert reward["score"] == 1.0
+
+
+def test_a_turn_at_its_token_limit_without_an_action_gets_another_turn(servers, tiny_checkpoint):
+    sample = run(make_args(servers, tiny_checkpoint), "Where does the brown hare live", {"max_new_tokens": 40})
+    assert sample.metadata["finish_reason"] == "answer" and sample.status is Status.COMPLETED
+    assert sample.metrics["invalid_actions"] == 1 and sample.metrics["turns"] == 2
+    assert sample.response.endswith("<answer> valley 54 </answer>") and INVALID_ACTION in sample.response
+
+
+def test_end_on_no_action_keeps_the_old_loop(servers, tiny_checkpoint):
+    args = make_args(servers, tiny_checkpoint, end_on_no_action=True)
+    eos = run(args, "Where does the green otter live")
+    assert eos.metadata["finish_reason"] == "eos" and eos.metrics["turns"] == 1
+    assert eos.response_tokens[-1] == 151645 and eos.status is Status.COMPLETED
+    length = run(args, "Where does the brown hare live", {"max_new_tokens": 40})
+    assert length.metadata["finish_reason"] == "length" and length.status is Status.TRUNCATED
+    assert length.response_length == 40 and length.metrics["invalid_actions"] == 0
+
+
+def test_the_text_ends_at_the_tag_while_the_tokens_keep_the_merged_token(servers, tiny_checkpoint):
+    """The token that completes </search> or </answer> carries more characters (Qwen2's ">\n\n", ">."): the policy
+    is trained on the token it sampled, and the action parser and the reward read the turn cut at the tag."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    sample = run(make_args(servers, tiny_checkpoint), "Where does the pink crab live")
+    generated = [text for text, was_generated in sample.segments if was_generated]
+    assert generated == [
+        "<think> look </think>\n<search> pink crab </search>",
+        "<think> found it </think>\n<answer> valley 54 </answer>",
+    ]
+    assert tokenizer.decode(sample.response_tokens[-1:]) == ">."
+    turn_ends = [i for i in range(1, sample.response_length) if sample.loss_mask[i - 1] == 1 > sample.loss_mask[i]]
+    assert tokenizer.decode(sample.response_tokens[turn_ends[0] - 1 : turn_ends[0]]) == ">\n\n"
+    assert sample.metrics["searches"] == 1 and sample.metadata["finish_reason"] == "answer"
+    v03 = search_r1_args(structure_format_score=0.2, final_format_score=0.1)
+    reward = asyncio.run(reward_func(v03, sample))
+    assert reward["format_valid"] and reward["score"] == 1.0
+
+
+def test_special_tokens_the_model_generates_stay_in_the_tokens_but_not_in_the_text(servers, tiny_checkpoint):
+    sample = run(make_args(servers, tiny_checkpoint), "Where does the teal newt live")
+    assert 151644 in sample.response_tokens and "<|im_start|>" not in sample.response
+    v03 = search_r1_args(structure_format_score=0.2, final_format_score=0.1)
+    assert asyncio.run(reward_func(v03, sample))["score"] == 1.0
+
+
+def test_the_first_closing_tag_ends_the_turn(servers, tiny_checkpoint):
+    """The engine stops at whichever of </search> and </answer> comes first, so `<search> q </answer> ... </search>`
+    is a turn without a complete action (Search-R1, which cuts after generating, would search "q </answer> ...")."""
+    sample = run(make_args(servers, tiny_checkpoint), "Where does the olive toad live")
+    assert sample.metrics["searches"] == 0 and sample.metrics["invalid_actions"] == 1
+    assert sample.response.startswith("<search> olive </answer>" + INVALID_ACTION)
+    assert sample.metadata["finish_reason"] == "answer"
 
 
 def test_search_failure_marks_the_sample_failed(servers, tiny_checkpoint):
