@@ -31,6 +31,8 @@ TABLE_KEYS = (
     "eval/search_rate",
     "rollout/search_rate",
     "rollout/searches_mean",
+    "rollout/search_billed_calls",
+    "rollout/search_cache_hits",
     "rollout/turns_mean",
     "rollout/response_length_mean",
     "train/loss",

@@ -37,4 +37,8 @@ def evaluate_samples(samples: list[Sample], reward_key: str = "score") -> dict[s
         out[f"{prefix}/search_rate"] = sum(s.metrics.get("searches", 0) > 0 for s in group) / n
         out[f"{prefix}/turns"] = sum(s.metrics.get("turns", 0) for s in group) / n
         out[f"{prefix}/n"] = float(n)
+    billed = sum(s.metrics.get("search_billed", 0) for s in samples)
+    hits = sum(s.metrics.get("search_cache_hits", 0) for s in samples)
+    if billed or hits:  # web search: billed calls and cache hits of the whole evaluation
+        out["eval/search_billed_calls"], out["eval/search_cache_hits"] = float(billed), float(hits)
     return out

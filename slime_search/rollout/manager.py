@@ -69,6 +69,12 @@ def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
         "rollout/obs_truncations": float(sum(s.metrics.get("obs_truncations", 0) for s in samples)),
         "rollout/search_failures": float(sum(s.metadata.get("finish_reason") == "search_error" for s in samples)),
     }
+    billed = sum(s.metrics.get("search_billed", 0) for s in samples)
+    hits = sum(s.metrics.get("search_cache_hits", 0) for s in samples)
+    if billed or hits:  # web search: what the rollout cost and what a cache saved
+        out["rollout/search_billed_calls"] = float(billed)
+        out["rollout/search_cache_hits"] = float(hits)
+        out["rollout/search_cache_hit_rate"] = hits / (billed + hits)
     if per_search:
         out["rollout/search_latency_p50_s"] = percentile(per_search, 0.5)
         out["rollout/search_latency_p99_s"] = percentile(per_search, 0.99)

@@ -34,6 +34,15 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         "--search-retries", type=int, default=3, help="retries of a failed search request (5xx, 429, network)"
     )
     group.add_argument("--search-snippet-only", action=argparse.BooleanOptionalAction, default=True, help="Serper")
+    group.add_argument("--serper-url", default="https://google.serper.dev/search", help="Serper's search endpoint")
+    group.add_argument(
+        "--serper-cache", default=None, help="SQLite file caching Serper answers across runs and processes"
+    )
+    group.add_argument(
+        "--serper-replay-only",
+        action="store_true",
+        help="answer Serper searches from --serper-cache only, never calling the API (reproducible evaluation)",
+    )
     group.add_argument("--max-turns", type=int, default=4, help="search turns before the final answer-only turn")
     group.add_argument("--max-obs-tokens", type=int, default=500, help="observation cap per search, in tokens")
     group.add_argument("--max-response-tokens", type=int, default=4096, help="total response budget (all turns)")
@@ -63,6 +72,9 @@ class SearchR1Config:
     search_timeout: float = 60.0
     search_retries: int = 3
     search_snippet_only: bool = True
+    serper_url: str = "https://google.serper.dev/search"
+    serper_cache: str | None = None
+    serper_replay_only: bool = False
     max_turns: int = 4
     max_obs_tokens: int = 500
     max_response_tokens: int = 4096
@@ -77,6 +89,8 @@ class SearchR1Config:
             raise ValueError("--max-turns and --max-obs-tokens must be >= 0 and --max-response-tokens > 0")
         if self.search_timeout <= 0 or self.search_retries < 0:
             raise ValueError("--search-timeout must be > 0 and --search-retries >= 0")
+        if self.serper_replay_only and not self.serper_cache:
+            raise ValueError("--serper-replay-only needs --serper-cache: the answers are replayed from it")
         if self.max_turns == 0 and not self.final_turn:
             raise ValueError("--max-turns 0 with --no-final-turn leaves no turn to generate in")
 

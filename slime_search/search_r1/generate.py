@@ -91,9 +91,15 @@ class _Resources:
         if config.search_backend == "local":
             search = LocalSearchClient(LocalSearchConfig(url=config.search_url, topk=config.search_topk, **bounds))
         else:
-            search = SerperClient(
-                SerperConfig(topk=config.search_topk, snippet_only=config.search_snippet_only, **bounds)
+            serper = SerperConfig(
+                endpoint=config.serper_url,
+                topk=config.search_topk,
+                snippet_only=config.search_snippet_only,
+                cache_path=config.serper_cache,
+                replay_only=config.serper_replay_only,
+                **bounds,
             )
+            search = SerperClient(serper)
         return cls(
             EngineClient(EngineClientConfig(config.engine_url)),
             search,
@@ -215,6 +221,7 @@ async def run_trajectory(
 ) -> Sample:
     sample.tokens = prompt_ids(sample, tokenizer, config.apply_chat_template)
     metrics = {"turns": 0, "searches": 0, "invalid_actions": 0, "obs_truncations": 0, "search_latency_s": 0.0}
+    metrics.update(search_billed=0, search_cache_hits=0)  # web search: billed API calls, answers from a cache
     sample.status = Status.COMPLETED
     finish = "stop"
     turn_limit = config.max_turns + (1 if config.final_turn else 0)
@@ -255,7 +262,7 @@ async def run_trajectory(
             start = time.perf_counter()
             try:
                 async with res.search_slots:
-                    docs = await res.search.search(turn.content)
+                    docs, origin = await res.search.search_with_origin(turn.content)
             except SearchError as err:
                 sample.status, finish = Status.FAILED, "search_error"
                 sample.metadata["error"] = str(err)
@@ -263,6 +270,8 @@ async def run_trajectory(
             finally:
                 metrics["search_latency_s"] += time.perf_counter() - start
             metrics["searches"] += 1
+            metrics["search_billed"] += int(origin == "api")
+            metrics["search_cache_hits"] += int(origin == "cache")
             obs_ids, truncated = observation_ids(tokenizer, docs, config.max_obs_tokens)
             metrics["obs_truncations"] += int(truncated)
         else:  # neither search nor answer (EOS, token limit, or a stray tag): Search-R1's message and another turn

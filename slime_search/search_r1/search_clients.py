@@ -105,6 +105,10 @@ class LocalSearchClient:
             )
         return self._session
 
+    async def search_with_origin(self, query: str) -> tuple[list[dict], str]:
+        """The documents and where they came from: "local", the retriever (never billed)."""
+        return await self.search(query), "local"
+
     async def search(self, query: str) -> list[dict]:
         future = asyncio.get_running_loop().create_future()
         self._pending.append((query, future))
@@ -294,20 +298,31 @@ class SerperConfig:
     retries: int = 3
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
-    cache_size: int = 10_000
+    cache_size: int = 10_000  # answers kept in memory
+    cache_path: str | None = None  # the SQLite cache shared by runs and processes (--serper-cache)
+    replay_only: bool = False  # answers from that cache only; the API is never called (--serper-replay-only)
+
+    def __post_init__(self) -> None:
+        if self.replay_only and not self.cache_path:
+            raise ValueError("--serper-replay-only needs --serper-cache: the answers are replayed from it")
 
 
 class SerperClient:
-    """Serper web search; the API key is read from the environment and never logged or put in errors."""
+    """Serper web search; the API key is read from the environment and never logged or put in errors. Answers are
+    kept in memory and, with `cache_path`, in a SQLite cache that later runs (and replay-only evaluation) read."""
 
     def __init__(self, config: SerperConfig, seed: int = 0):
+        from slime_search.search_r1.serper_cache import CacheSettings, SerperCache
+
         self.config = config
         key = os.environ.get(config.api_key_env, "")
-        if not key:
+        if not key and not config.replay_only:
             raise SearchError(f"Serper needs an API key in the environment variable {config.api_key_env}")
         self._headers = {"X-API-KEY": key, "Content-Type": "application/json"}
         self._semaphore = asyncio.Semaphore(config.concurrency)
         self._cache: OrderedDict[str, list[dict]] = OrderedDict()
+        self._store = SerperCache(config.cache_path) if config.cache_path else None
+        self._settings = CacheSettings(config.endpoint, config.topk, config.snippet_only)
         self._rng = random.Random(seed)
         self._session = None
 
@@ -319,17 +334,53 @@ class SerperClient:
         return self._session
 
     async def search(self, query: str) -> list[dict]:
-        key = " ".join(query.split())
+        return (await self.search_with_origin(query))[0]
+
+    async def search_with_origin(self, query: str) -> tuple[list[dict], str]:
+        """The documents and where they came from: "cache" (memory or the SQLite cache: not billed) or "api" (one
+        billed Serper call)."""
+        from slime_search.search_r1.serper_cache import normalise_query
+
+        query = " ".join(query.split())
+        key = normalise_query(query)
         if key in self._cache:
             self._cache.move_to_end(key)
-            return self._cache[key]
+            return self._cache[key], "cache"
+        if self._store is not None:
+            stored = await asyncio.to_thread(self._stored_answer, query)
+            if stored is not None:
+                self._remember(key, stored)
+                return stored, "cache"
+        if self.config.replay_only:
+            raise SearchError(f"not in the Serper cache {self.config.cache_path} (replay-only): {query[:80]!r}")
         async with self._semaphore:
-            items = (await self._query_with_retries(key))[: self.config.topk]
+            items = (await self._query_with_retries(query))[: self.config.topk]
             docs = await self._documents(items)
+        if self._store is not None:
+            await asyncio.to_thread(self._store_answer, query, docs)
+        self._remember(key, docs)
+        return docs, "api"
+
+    def _remember(self, key: str, docs: list[dict]) -> None:
         self._cache[key] = docs
         while len(self._cache) > self.config.cache_size:
             self._cache.popitem(last=False)
-        return docs
+
+    def _stored_answer(self, query: str) -> list[dict] | None:
+        import sqlite3
+
+        try:
+            return self._store.get(query, self._settings)
+        except (sqlite3.Error, ValueError) as err:  # an unreadable cache is a search fault, never a crash
+            raise SearchError(f"Serper cache {self.config.cache_path} unreadable: {err}") from err
+
+    def _store_answer(self, query: str, docs: list[dict]) -> None:
+        import sqlite3
+
+        try:
+            self._store.put(query, self._settings, docs)
+        except sqlite3.Error as err:  # a full disk or a cache locked too long costs the entry, not the search
+            logger.warning("Serper cache %s: could not store an answer: %s", self.config.cache_path, err)
 
     async def _query_with_retries(self, query: str) -> list[dict]:
         import aiohttp

@@ -373,3 +373,23 @@ def test_a_rollout_shares_one_session_and_its_end_closes_it(servers, tiny_checkp
 
     first, second = asyncio.run(rollout()), asyncio.run(rollout())
     assert first is not second and first.config == second.config
+
+
+def test_web_searches_are_counted_billed_then_cached(servers, tiny_checkpoint, tmp_path, monkeypatch):
+    from tests.conftest import REPO_ROOT
+
+    monkeypatch.setenv("SERPER_API_KEY", "k")
+    standin = [str(REPO_ROOT / "tests" / "search_r1" / "serper_standin.py"), "--port", "0", "--api-key", "k"]
+    with ServerProcess(standin) as serper:
+        args = make_args(
+            servers,
+            tiny_checkpoint,
+            search_backend="serper",
+            serper_url=f"{serper.url}/search",
+            serper_cache=str(tmp_path / "serper.sqlite"),
+        )
+        first = run(args, "Where does the silver walrus live")
+        second = run(args, "Where does the silver walrus live")  # a new rollout: only the SQLite file is shared
+    assert (first.metrics["search_billed"], first.metrics["search_cache_hits"]) == (1, 0)
+    assert (second.metrics["search_billed"], second.metrics["search_cache_hits"]) == (0, 1)
+    assert first.response == second.response and "Eiffel Tower" in first.response
