@@ -18,7 +18,6 @@ input (out-of-range token ids, unknown memory tags), the CPU engine answers 400 
 # No `from __future__ import annotations`: FastAPI resolves the handlers' annotations at run time.
 import argparse
 import asyncio
-import json
 import logging
 import sys
 import uuid
@@ -27,6 +26,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from slime_search.engines.sampling import SamplingParams
+from slime_search.engines.validation import (
+    BadRequest,
+    SchemaViolation,
+    optional_version,
+    parse_json_object,
+    string,
+    weight_bucket,
+    weight_group_join,
+)
 from slime_search.utils.batching import WorkerBatcher, resolve
 
 logger = logging.getLogger(__name__)
@@ -49,14 +57,6 @@ FLUSHED = (
 class EngineServerConfig:
     max_batch_size: int = 32
     max_wait_ms: float = 5.0
-
-
-class BadRequest(ValueError):
-    """400 with SGLang's error body {"error": {"message": ...}}."""
-
-
-class SchemaViolation(BadRequest):
-    """400 with SGLang 0.5.23's schema-check body {"error": "..."} (a string)."""
 
 
 def check_sampling_keys(params: Any) -> None:
@@ -87,7 +87,10 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, max_positions: int):
     if "text" in body:
         if not isinstance(body["text"], str):
             raise BadRequest("'text' must be a string (batched prompts: send one request each)")
-        input_ids = tokenizer.encode(body["text"], add_special_tokens=False)
+        try:
+            input_ids = tokenizer.encode(body["text"], add_special_tokens=False)
+        except (TypeError, ValueError, UnicodeError) as err:  # e.g. a lone surrogate the tokenizer cannot encode
+            raise BadRequest(f"'text' cannot be tokenised: {err}") from err
     else:
         input_ids = body["input_ids"]
         if not isinstance(input_ids, list) or not all(
@@ -208,11 +211,8 @@ def create_app(engine, config: EngineServerConfig):
 
     app = FastAPI(title="slime-search CPU engine", lifespan=lifespan)
 
-    async def read_json(request: Request):
-        try:
-            return json.loads(await request.body() or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise BadRequest(f"body is not valid JSON: {err}") from err
+    async def read_json(request: Request) -> dict:
+        return parse_json_object(await request.body(), request.url.path)
 
     @app.exception_handler(EngineNotReady)
     async def not_ready(request: Request, err: EngineNotReady):
@@ -271,15 +271,12 @@ def create_app(engine, config: EngineServerConfig):
     @app.post("/update_weights_from_disk")
     async def update_weights(request: Request):
         body = await read_json(request)
-        path = body.get("model_path")
-        if not isinstance(path, str) or not path:
-            raise BadRequest("'model_path' (an HF checkpoint folder) is required")
-        version = body.get("weight_version")
+        path = string(body, "model_path")
+        version = optional_version(body)
         try:
-            await batcher.run_in_worker(
-                engine.update_weights_from_disk, path, None if version is None else str(version)
-            )
-        except (OSError, ValueError) as err:
+            await batcher.run_in_worker(engine.update_weights_from_disk, path, version)
+        except Exception as err:  # noqa: BLE001 - any checkpoint that cannot be loaded (missing, refused by
+            # weights_only, corrupt, another architecture) is the caller's: the engine keeps its weights
             return answer({**failure(err), "num_paused_requests": 0})
         message = "Succeeded to update model weights." + (f" Weight version updated to {version}." if version else "")
         return answer({"success": True, "message": message, "num_paused_requests": 0})
@@ -310,7 +307,11 @@ def create_app(engine, config: EngineServerConfig):
     @app.post("/abort_request")
     async def abort_request(request: Request):
         body = await read_json(request)
-        engine.abort(None if body.get("abort_all") else str(body.get("rid", "")) or None)
+        rid = body.get("rid")
+        abort_all = body.get("abort_all", False)
+        if (rid is not None and not isinstance(rid, str)) or not isinstance(abort_all, bool):
+            raise BadRequest("'rid' must be a string and 'abort_all' a boolean")
+        engine.abort(None if abort_all else rid or None)
         return Response(status_code=200)
 
     add_tensor_update_route(app, engine, batcher, session, read_json)
@@ -318,11 +319,9 @@ def create_app(engine, config: EngineServerConfig):
     return app
 
 
-def memory_tags(body: Any) -> list[str] | None:
+def memory_tags(body: dict) -> list[str] | None:
     from slime_search.engines.cpu_engine import CpuEngine
 
-    if not isinstance(body, dict):
-        raise BadRequest("body must be a JSON object")
     tags = body.get("tags")
     if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
         raise BadRequest("'tags' must be a list of strings or null")
@@ -331,20 +330,6 @@ def memory_tags(body: Any) -> list[str] | None:
     except ValueError as err:
         raise BadRequest(str(err)) from err
     return tags
-
-
-def require(body: Any, key: str, kind: type):
-    if not isinstance(body, dict):
-        raise BadRequest("body must be a JSON object")
-    value = body.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise BadRequest(f"'{key}' ({kind.__name__}) is required")
-    return value
-
-
-def optional_version(body: dict) -> str | None:
-    version = body.get("weight_version")
-    return None if version is None else str(version)
 
 
 def add_tensor_update_route(app, engine, batcher, session: UpdateSession, read_json) -> None:
@@ -356,8 +341,8 @@ def add_tensor_update_route(app, engine, batcher, session: UpdateSession, read_j
         from slime_search.engines.weight_wire import deserialize_named_tensors
 
         body = await read_json(request)
-        entries = require(body, "serialized_named_tensors", list)
-        if len(entries) != 1 or not isinstance(entries[0], str):
+        entries = body.get("serialized_named_tensors")
+        if not isinstance(entries, list) or len(entries) != 1 or not isinstance(entries[0], str):
             raise BadRequest("the CPU engine is one rank: send one serialized_named_tensors entry (a string)")
         if body.get("load_format") not in (None, "direct"):
             raise BadRequest(f"load_format {body.get('load_format')!r} is not supported (use null)")
@@ -371,7 +356,7 @@ def add_tensor_update_route(app, engine, batcher, session: UpdateSession, read_j
 
         try:
             await batcher.run_in_worker(load)
-        except ValueError as err:
+        except (ValueError, RuntimeError, TypeError) as err:  # a payload that does not map onto the model
             return answer(failure(err))
         return answer({"success": True, "message": "Success"})
 
@@ -386,15 +371,13 @@ def add_weight_update_group_routes(app, engine, batcher, session: UpdateSession,
 
     @app.post("/init_weights_update_group")
     async def init_group(request: Request):
-        body = await read_json(request)
-        name = body.get("group_name") or DEFAULT_GROUP_NAME
-        backend = body.get("backend", "gloo")
+        join = weight_group_join(await read_json(request), DEFAULT_GROUP_NAME)
+        name, backend, address, port = join["name"], join["backend"], join["address"], join["port"]
+        rank, world_size = join["rank"], join["world_size"]
         if backend != "gloo":
             raise BadRequest(f"the CPU engine joins weight-update groups over gloo, not {backend!r}")
         if name in groups:
             raise BadRequest(f"already in weight-update group {name!r}")
-        address, port = require(body, "master_address", str), require(body, "master_port", int)
-        rank, world_size = require(body, "rank_offset", int), require(body, "world_size", int)
         try:
             groups[name] = await asyncio.to_thread(
                 join_weight_update_group, "gloo", address, port, rank, world_size, name, 600.0
@@ -406,14 +389,10 @@ def add_weight_update_group_routes(app, engine, batcher, session: UpdateSession,
     @app.post("/update_weights_from_distributed")
     async def update_from_distributed(request: Request):
         body = await read_json(request)
-        name = body.get("group_name") or DEFAULT_GROUP_NAME
+        name = string(body, "group_name", DEFAULT_GROUP_NAME)
         if name not in groups:
             raise BadRequest(f"not in weight-update group {name!r}: POST /init_weights_update_group first")
-        names, dtypes, shapes = (
-            require(body, "names", list),
-            require(body, "dtypes", list),
-            require(body, "shapes", list),
-        )
+        names, dtypes, shapes = weight_bucket(body)
         refused = session.refusal("update_weights_from_distributed")
         if refused:  # as SGLang: refused before any tensor is received
             return answer(refused)
@@ -433,8 +412,7 @@ def add_weight_update_group_routes(app, engine, batcher, session: UpdateSession,
     async def destroy_group(request: Request):
         import torch.distributed as dist
 
-        body = await read_json(request)
-        name = body.get("group_name") or DEFAULT_GROUP_NAME
+        name = string(await read_json(request), "group_name", DEFAULT_GROUP_NAME)
         if name not in groups:
             return answer({"success": False, "message": f"not in weight-update group {name!r}"})
         dist.destroy_process_group(groups.pop(name))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +27,11 @@ class SamplingParams:
         """Parse SGLang's `sampling_params` dict; unknown keys are kept in `extra`, bad values raise ValueError."""
         params = dict(params or {})
         known = {k: params.pop(k) for k in list(params) if k in cls.__dataclass_fields__ and k != "extra"}
+        known = {k: v for k, v in known.items() if v is not None}  # SGLang: null means the default
+        check_types(known)
         stop = known.get("stop") or ()
         known["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
-        known["stop_token_ids"] = tuple(int(t) for t in (known.get("stop_token_ids") or ()))
+        known["stop_token_ids"] = tuple(known.get("stop_token_ids") or ())
         out = cls(**known, extra=params)
         out.validate()
         return out
@@ -48,6 +51,38 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _is_int(value: Any) -> bool:
+    """An integer a float64 and torch's int64 both hold exactly (larger ones overflow when tensors are built)."""
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 53
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+# The type each parameter must have; a wrong type raises TypeError before any comparison can.
+_CHECKS = {
+    "temperature": (_is_number, "a finite number"),
+    "top_p": (_is_number, "a finite number"),
+    "top_k": (_is_int, "an integer"),
+    "max_new_tokens": (_is_int, "an integer"),
+    "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)),
+             "a string or a list of strings"),
+    "stop_token_ids": (lambda v: isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v),
+                       "a list of token ids"),
+    "no_stop_trim": (lambda v: isinstance(v, bool), "a boolean"),
+    "skip_special_tokens": (lambda v: isinstance(v, bool), "a boolean"),
+    "ignore_eos": (lambda v: isinstance(v, bool), "a boolean"),
+}  # fmt: skip
+
+
+def check_types(params: dict[str, Any]) -> None:
+    for key, value in params.items():
+        valid, expected = _CHECKS[key]
+        if not valid(value):
+            raise TypeError(f"{key} must be {expected}, got {type(value).__name__} {str(value)[:40]}")
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
