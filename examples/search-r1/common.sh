@@ -13,8 +13,29 @@ stop_started() {
    done
    STARTED_PIDS=()
 }
+DRIVER_PID=""
+
+# run_driver ARGS...: run the training (or eval) driver in the background and wait for it. Bash runs a trap only
+# between foreground commands, so a driver in the foreground would leave INT/TERM unanswered until it finished;
+# in the background it gets the signal at once, and its own shutdown stops its engines, its Ray actors and a Ray
+# cluster it started, before this script stops the services it started itself.
+run_driver() {
+   "$@" &
+   DRIVER_PID=$!
+   local status=0
+   wait "${DRIVER_PID}" || status=$?
+   DRIVER_PID=""
+   return "${status}"
+}
+
+stop_driver() {
+   if [[ -n "${DRIVER_PID}" ]] && kill -0 "${DRIVER_PID}" 2>/dev/null; then
+      kill -TERM "${DRIVER_PID}" 2>/dev/null || true
+      wait "${DRIVER_PID}" 2>/dev/null || true
+   fi
+}
 trap stop_started EXIT
-trap 'exit 130' INT TERM
+trap 'stop_driver; exit 130' INT TERM
 
 # wait_http URL SECONDS PID: poll URL until it answers 200, failing early if process PID has exited.
 wait_http() {
@@ -65,11 +86,11 @@ start_ray_head() {
    echo "Ray head (pid ${pid}) at ${RAY_ADDRESS}"
 }
 
-# run_or_print ARGS...: run the command, or with DRY_RUN=1 print it one argument per line (for checking flags).
+# run_or_print ARGS...: run the driver command (run_driver), or with DRY_RUN=1 print it one argument per line.
 run_or_print() {
    if [[ "${DRY_RUN:-0}" == "1" ]]; then
       printf '%s\n' "$@"
    else
-      "$@"
+      run_driver "$@"
    fi
 }

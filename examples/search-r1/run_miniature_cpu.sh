@@ -78,13 +78,13 @@ python3 -m slime_search.miniature.demonstrator --tokenizer "${RUN_DIR}/policy" -
 DEMO_PID=$!
 STARTED_PIDS+=("${DEMO_PID}")
 wait_http "http://127.0.0.1:${DEMO_PORT}/health" 60 "${DEMO_PID}"
-python3 "${REPO_ROOT}/train.py" "${COMMON_ARGS[@]}" "${SEARCH_ARGS[@]}" \
+run_driver python3 "${REPO_ROOT}/train.py" "${COMMON_ARGS[@]}" "${SEARCH_ARGS[@]}" \
    --save "${RUN_DIR}/sft" --engine-url "http://127.0.0.1:${DEMO_PORT}" --loss-type sft \
    --num-rollout "${SFT_STEPS}" --rollout-batch-size "${SFT_BATCH}" --n-samples-per-prompt 1 \
    --lr "${SFT_LR}" --lr-warmup-iters 5 --rollout-temperature 1.0
 
 # GRPO with search from the SFT weights, evaluated on held-out questions
-python3 "${REPO_ROOT}/train.py" "${COMMON_ARGS[@]}" "${SEARCH_ARGS[@]}" \
+run_driver python3 "${REPO_ROOT}/train.py" "${COMMON_ARGS[@]}" "${SEARCH_ARGS[@]}" \
    --save "${RUN_DIR}/rl" --load "${RUN_DIR}/sft/checkpoints" \
    --num-rollout "${RL_STEPS}" --rollout-batch-size "${RL_PROMPTS}" --n-samples-per-prompt "${RL_SAMPLES}" \
    --advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 --use-tis --lr "${RL_LR}" \
