@@ -18,9 +18,10 @@ UPDATE_SESSION_FROM = (0, 5, 21)
 class EngineError(RuntimeError):
     """The engine answered with an error or could not be reached (`status`: the HTTP status, if any)."""
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, timed_out: bool = False):
         super().__init__(message)
         self.status = status
+        self.timed_out = timed_out
 
 
 def release_of(version: str) -> tuple[int, ...]:
@@ -49,12 +50,18 @@ def _decode(text: str) -> Any:
         return text
 
 
+# Answers after which the same request may succeed: the engine (or the router's worker) is restarting or overloaded.
+TRANSIENT_STATUSES = (502, 503, 504)
+
+
 @dataclass(frozen=True)
 class EngineClientConfig:
     base_url: str
-    timeout_s: float = 600.0
+    timeout_s: float = 600.0  # one request, end to end (--engine-timeout): a frozen engine fails after this
     connect_timeout_s: float = 10.0
     max_connections: int = 1024
+    generate_retries: int = 2  # re-sends of a /generate that met a transient fault (--engine-retries)
+    backoff_s: float = 0.5  # before the first re-send; doubled each time
 
 
 class EngineClient:
@@ -87,8 +94,25 @@ class EngineClient:
                 if response.status >= 400:
                     raise EngineError(f"{method} {path} -> HTTP {response.status}: {body}", response.status)
                 return body
-        except (TimeoutError, aiohttp.ClientError) as err:
+        except TimeoutError as err:
+            message = f"{method} {url} gave no answer within {self.config.timeout_s:g} s"
+            raise EngineError(message, timed_out=True) from err
+        except aiohttp.ClientError as err:
             raise EngineError(f"{method} {url} failed: {type(err).__name__}: {err}") from err
+
+    async def _request_with_retries(self, method: str, path: str, payload: dict) -> Any:
+        """A request that is safe to send again (a generation from token ids: nothing was kept of a failed one),
+        re-sent after a transient fault: a connection refused or reset, or 502/503/504. Timeouts are not retried (a
+        frozen engine would cost the bound again) and neither is any other answer (the request itself is at fault)."""
+        for attempt in range(self.config.generate_retries + 1):
+            try:
+                return await self._request(method, path, payload)
+            except EngineError as err:
+                transient = err.status in TRANSIENT_STATUSES or (err.status is None and not err.timed_out)
+                if not transient or attempt == self.config.generate_retries:
+                    raise EngineError(f"{err} (attempt {attempt + 1})", err.status, err.timed_out) from err
+            await asyncio.sleep(self.config.backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
 
     async def generate(
         self,
@@ -105,7 +129,7 @@ class EngineClient:
         payload["input_ids" if input_ids is not None else "text"] = input_ids if input_ids is not None else text
         if rid is not None:
             payload["rid"] = rid
-        return await self._request("POST", "/generate", payload)
+        return await self._request_with_retries("POST", "/generate", payload)
 
     async def health(self) -> None:
         """Raises unless the engine answers 200 (SGLang's /health runs a one-token generation)."""

@@ -68,6 +68,7 @@ def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
         "rollout/invalid_action_rate": sum(s.metrics.get("invalid_actions", 0) > 0 for s in samples) / n,
         "rollout/obs_truncations": float(sum(s.metrics.get("obs_truncations", 0) for s in samples)),
         "rollout/search_failures": float(sum(s.metadata.get("finish_reason") == "search_error" for s in samples)),
+        "rollout/engine_errors": float(sum(s.metadata.get("finish_reason") == "engine_error" for s in samples)),
     }
     billed = sum(s.metrics.get("search_billed", 0) for s in samples)
     hits = sum(s.metrics.get("search_cache_hits", 0) for s in samples)
@@ -84,6 +85,13 @@ def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
     if versions and next(iter(versions)).isdigit():  # a scripted engine (no weights) may name its version
         out["rollout/weight_version"] = float(versions.pop())
     return out
+
+
+def check_engines_served(samples: list[Sample]) -> None:
+    """An engine fault costs the trajectories it hit; when it hit every one, no engine is left and the step fails."""
+    lost = [s for s in samples if s.metadata.get("finish_reason") == "engine_error"]
+    if samples and len(lost) == len(samples):
+        raise RuntimeError(f"no engine answered: all {len(samples)} trajectories failed ({lost[0].metadata['error']})")
 
 
 def run_rollout(plugins: Plugins, args, source, config: RolloutConfig, params: dict, on_sample=None):
@@ -149,6 +157,7 @@ class RolloutManager:
         config = self.config.rollout
         groups, metrics = self._run(self.source, config, self.config.sampling_params)
         everything = [s for g in groups for s in g]
+        check_engines_served(everything)
         metrics.update(rollout_metrics(everything))
         samples = assign_advantages(everything, config.reward_key, config.normalize_advantages_std)
         shown = [sample_record(s, config.reward_key) for s in everything[:examples]]

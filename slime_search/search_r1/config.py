@@ -33,6 +33,12 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     group.add_argument(
         "--search-retries", type=int, default=3, help="retries of a failed search request (5xx, 429, network)"
     )
+    group.add_argument(
+        "--engine-timeout", type=float, default=600.0, help="seconds one engine request may take (a turn's decode)"
+    )
+    group.add_argument(
+        "--engine-retries", type=int, default=2, help="re-sends of a turn after a transient engine fault"
+    )
     group.add_argument("--search-snippet-only", action=argparse.BooleanOptionalAction, default=True, help="Serper")
     group.add_argument("--serper-url", default="https://google.serper.dev/search", help="Serper's search endpoint")
     group.add_argument(
@@ -71,6 +77,8 @@ class SearchR1Config:
     generation_concurrency: int = 256
     search_timeout: float = 60.0
     search_retries: int = 3
+    engine_timeout: float = 600.0
+    engine_retries: int = 2
     search_snippet_only: bool = True
     serper_url: str = "https://google.serper.dev/search"
     serper_cache: str | None = None
@@ -89,6 +97,8 @@ class SearchR1Config:
             raise ValueError("--max-turns and --max-obs-tokens must be >= 0 and --max-response-tokens > 0")
         if self.search_timeout <= 0 or self.search_retries < 0:
             raise ValueError("--search-timeout must be > 0 and --search-retries >= 0")
+        if self.engine_timeout <= 0 or self.engine_retries < 0:
+            raise ValueError("--engine-timeout must be > 0 and --engine-retries >= 0")
         if self.serper_replay_only and not self.serper_cache:
             raise ValueError("--serper-replay-only needs --serper-cache: the answers are replayed from it")
         if self.max_turns == 0 and not self.final_turn:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from slime_search.engines.client import EngineClient, EngineClientConfig
+from slime_search.engines.client import EngineClient, EngineClientConfig, EngineError
 from slime_search.search_r1.config import PerRollout, SearchR1Config
 from slime_search.search_r1.search_clients import (
     LocalSearchClient,
@@ -101,7 +101,11 @@ class _Resources:
             )
             search = SerperClient(serper)
         return cls(
-            EngineClient(EngineClientConfig(config.engine_url)),
+            EngineClient(
+                EngineClientConfig(
+                    config.engine_url, timeout_s=config.engine_timeout, generate_retries=config.engine_retries
+                )
+            ),
             search,
             asyncio.Semaphore(config.search_concurrency),
             asyncio.Semaphore(config.generation_concurrency),
@@ -230,8 +234,14 @@ async def run_trajectory(
         if remaining <= 0:
             sample.status, finish = Status.TRUNCATED, "length"
             break
-        async with res.generation_slots:
-            out = await res.engine.generate(_turn_sampling_params(sampling_params, remaining), input_ids=sample.tokens)
+        try:
+            async with res.generation_slots:
+                params = _turn_sampling_params(sampling_params, remaining)
+                out = await res.engine.generate(params, input_ids=sample.tokens)
+        except EngineError as err:  # the engine is gone or failing: this trajectory is lost, not the rollout
+            sample.status, finish = Status.ABORTED, "engine_error"
+            sample.metadata["error"] = str(err)
+            break
         meta = out["meta_info"]
         reason = meta["finish_reason"]
         log_probs = [float(lp) for lp, _, _ in meta["output_token_logprobs"]]
