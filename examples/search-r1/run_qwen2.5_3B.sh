@@ -51,7 +51,7 @@ ROLLOUT_ARGS=(
    --rollout-batch-size 32
    --n-samples-per-prompt 8
    --global-batch-size 256
-   --rollout-max-response-len 512
+   --rollout-max-response-len 500  # per turn, as Search-R1's max_response_length
    --rollout-temperature 1
 )
 
