@@ -91,13 +91,36 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
     return {random_string(rng): random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
 
 
+class Call:
+    """Pickles as the call fn(*args)."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def rebuilder_call(rng: random.Random) -> Call:
+    """One of torch's tensor and storage rebuilders, which the engine's payload allowlist admits, with random
+    arguments (a malformed handle)."""
+    from torch.multiprocessing import reductions
+
+    names = sorted(n for n in dir(reductions) if n.startswith("rebuild_") and "cuda" not in n)
+    args = [random_scalar(rng) for _ in range(rng.randint(0, 7))]
+    return Call(getattr(reductions, rng.choice(names)), *args)
+
+
 def random_pickle(rng: random.Random) -> bytes:
-    """A pickle of random data, or of a tensor (plain pickle, or shared-memory handles with a made-up name)."""
+    """A pickle of random data, of a rebuilder fed random arguments, or of a tensor (plain pickle, or shared-memory
+    handles with a made-up name)."""
     import torch
 
     roll = rng.random()
-    if roll < 0.4:
+    if roll < 0.3:
         return pickle.dumps(random_value(rng), protocol=rng.choice((2, 4, 5)))
+    if roll < 0.45:
+        return pickle.dumps([(random_string(rng), rebuilder_call(rng))])
     if roll < 0.6:
         return pickle.dumps([("model.embed_tokens.weight", torch.zeros(rng.randint(0, 4)))])
     from slime_search.engines.weight_wire import serialize_named_tensors
