@@ -64,7 +64,7 @@ def start_engines(config: EngineConfig, log_dir: Path, gpu_ids: list[str] | None
             extra_args=("--enable-memory-saver",) if config.memory_saver else (),
         )
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids))} if gpu_ids else None
-        deployment = sglang_launch.launch(specs, "127.0.0.1", config.router_port or free_port(), env=env)
+        deployment = sglang_launch.launch(specs, "127.0.0.1", config.router_port, env=env)
         return Engines(deployment.router_url, [s.url for s in specs], [deployment])
     command = ["-m", "slime_search.engines.cpu_engine_server", "--model-path", config.model_path, "--port", "0"]
     command += ["--max-batch-size", str(config.cpu_max_batch_size), "--seed", str(config.seed), "--weight-version", "0"]

@@ -149,8 +149,8 @@ def launch(
     env: dict[str, str] | None = None,
     python: str | None = None,
 ) -> SGLangDeployment:
-    """Start every engine, wait until all answer /health_generate, start the router and register the engines with it.
-    Every process gets `env` added to its environment and runs under `python` (this interpreter by default)."""
+    """Start every engine, wait until all answer /health_generate, start the router (on a free port when `router_port`
+    is 0) and register the engines with it. Every process gets `env` added to its environment and runs under `python` (this interpreter by default)."""
     if python is None:
         import importlib.util
 
@@ -172,6 +172,10 @@ def launch(
             )
         for engine in engines:
             engine.wait_ready()
+        if not router_port:  # picked only now: starting engines take ports of their own, and one could be it
+            from slime_search.utils.net import free_port
+
+            router_port = free_port()
         router_url = f"http://{router_host}:{router_port}"
         router = ServerProcess(
             router_command(router_host, router_port),

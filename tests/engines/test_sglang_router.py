@@ -22,7 +22,7 @@ def test_router_registers_both_engines_spreads_requests_and_flushes_them(tiny_ch
     # each engine serves its own weight version, so every answer says which engine produced it
     specs = [sglang_cpu.engine_spec(tiny_checkpoint, free_port(), weight_version=v) for v in ("a", "b")]
     deployment = launch(
-        specs, "127.0.0.1", free_port(), timeout_s=sglang_cpu.START_TIMEOUT_S, env=sglang_cpu.CPU_ENV, python=python
+        specs, "127.0.0.1", 0, timeout_s=sglang_cpu.START_TIMEOUT_S, env=sglang_cpu.CPU_ENV, python=python
     )
     router = deployment.router_url
     try:
