@@ -23,6 +23,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sglang-router-port", type=int, default=0)
     g.add_argument("--engine-url", default=None, help="use this running engine instead of starting one")
     g.add_argument("--engine-max-batch-size", type=int, default=32, help="CPU engine: sequences decoded together")
+    g.add_argument("--cpu-engines", type=int, default=1, help="CPU engine servers on a machine without GPUs")
+    g.add_argument(
+        "--engine-health-timeout",
+        type=float,
+        default=60.0,
+        help="seconds an engine has to generate one token in the check after each rollout; one that fails it (or has "
+        "exited) is started again and takes the next weight push",
+    )
 
 
 def add_prompt_arguments(parser: argparse.ArgumentParser) -> None:
@@ -248,7 +256,9 @@ def engine_config(args: argparse.Namespace, use_gpu: bool, colocated_gpus: int =
         mem_fraction_static=args.sglang_mem_fraction_static,
         router_port=args.sglang_router_port,
         memory_saver=colocated,
+        cpu_engines=args.cpu_engines,
         cpu_max_batch_size=args.engine_max_batch_size,
+        health_timeout_s=args.engine_health_timeout,
         seed=args.seed,
     )
 

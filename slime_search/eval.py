@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     sets = tuple((name, limited(path, args.max_samples, work)) for name, path in eval_sets(args))
     plugins = Plugins.load(args.custom_generate_function_path, args.custom_rm_path)
     engines = start_engines(engine_config(args, use_gpu=torch.cuda.is_available()), work)
-    plugin_args = plugin_args_for(args, engines.url)
+    plugin_args = plugin_args_for(args, engines)
 
     def run(source, config, params):
         return run_rollout(plugins, plugin_args, source, config, params)

@@ -68,6 +68,29 @@ def resume(config, run, group, manager, transport, sink, colocation) -> int:
     return int(state["steps_done"])
 
 
+def restart_down_engines(config, manager) -> list[str]:
+    """After a rollout: engines that died or stopped answering start again, while the actor trains. Colocated engines
+    are not restarted (one would take GPU memory the actor holds): the next push to a dead one fails the run, which
+    then resumes from its last checkpoint."""
+    import ray
+
+    if config.colocate:
+        return []
+    return ray.get(manager.restart_down_engines.remote())
+
+
+def engines_back(manager, transport) -> float:
+    """Before the push: wait for the restarted engines, which take the weights with the others; returns the wait."""
+    import ray
+
+    started = time.perf_counter()
+    back = ray.get(manager.wait_restarted_engines.remote())
+    if back and transport is not None:
+        transport.reconnect()
+    logger.warning("engines %s are back; they take the next weight push", back)
+    return time.perf_counter() - started
+
+
 def shut_down(transport, manager, group, sink) -> None:
     """Engines leave the weight-update group, then the manager stops them; the actor and the sink close last."""
     from slime_search.ray.placement import stop_rollout_manager
@@ -132,9 +155,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             run.record_examples(step, "train", shown)
             clock.mark("rollout")
+            restarted = restart_down_engines(config, manager)
+            metrics["engines/restarted"] = float(len(restarted))
+            clock.mark("engine_check")
             colocation.for_training()
             metrics.update(group.train(samples, config.steps_per_rollout))
             clock.mark("train")
+            if restarted:
+                metrics["time/engine_restart_wait_s"] = engines_back(manager, transport)  # within sync_s
             if transport is not None:
                 colocation.for_weight_push()
                 metrics["weight_version"] = int(transport.push(str(step + 1)))

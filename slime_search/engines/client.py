@@ -54,6 +54,13 @@ def _decode(text: str) -> Any:
 TRANSIENT_STATUSES = (502, 503, 504)
 
 
+def is_transient(err: EngineError) -> bool:
+    """A fault after which the same request may succeed: 502/503/504, or no answer at all short of a timeout (a
+    connection refused or reset). Timeouts are not (a frozen engine would cost the bound again) and neither is any
+    other answer (the request itself is at fault)."""
+    return err.status in TRANSIENT_STATUSES or (err.status is None and not err.timed_out)
+
+
 @dataclass(frozen=True)
 class EngineClientConfig:
     base_url: str
@@ -62,6 +69,22 @@ class EngineClientConfig:
     max_connections: int = 1024
     generate_retries: int = 2  # re-sends of a /generate that met a transient fault (--engine-retries)
     backoff_s: float = 0.5  # before the first re-send; doubled each time
+
+
+def generate_payload(
+    sampling_params: dict[str, Any],
+    input_ids: list[int] | None,
+    text: str | None,
+    return_logprob: bool,
+    rid: str | None,
+) -> dict[str, Any]:
+    if (input_ids is None) == (text is None):
+        raise ValueError("pass exactly one of input_ids or text")
+    payload: dict[str, Any] = {"sampling_params": sampling_params, "return_logprob": return_logprob}
+    payload["input_ids" if input_ids is not None else "text"] = input_ids if input_ids is not None else text
+    if rid is not None:
+        payload["rid"] = rid
+    return payload
 
 
 class EngineClient:
@@ -102,14 +125,12 @@ class EngineClient:
 
     async def _request_with_retries(self, method: str, path: str, payload: dict) -> Any:
         """A request that is safe to send again (a generation from token ids: nothing was kept of a failed one),
-        re-sent after a transient fault: a connection refused or reset, or 502/503/504. Timeouts are not retried (a
-        frozen engine would cost the bound again) and neither is any other answer (the request itself is at fault)."""
+        re-sent after a transient fault (`is_transient`)."""
         for attempt in range(self.config.generate_retries + 1):
             try:
                 return await self._request(method, path, payload)
             except EngineError as err:
-                transient = err.status in TRANSIENT_STATUSES or (err.status is None and not err.timed_out)
-                if not transient or attempt == self.config.generate_retries:
+                if not is_transient(err) or attempt == self.config.generate_retries:
                     raise EngineError(f"{err} (attempt {attempt + 1})", err.status, err.timed_out) from err
             await asyncio.sleep(self.config.backoff_s * 2**attempt)
         raise AssertionError("unreachable")
@@ -123,17 +144,24 @@ class EngineClient:
         return_logprob: bool = True,
         rid: str | None = None,
     ) -> dict:
-        if (input_ids is None) == (text is None):
-            raise ValueError("pass exactly one of input_ids or text")
-        payload: dict[str, Any] = {"sampling_params": sampling_params, "return_logprob": return_logprob}
-        payload["input_ids" if input_ids is not None else "text"] = input_ids if input_ids is not None else text
-        if rid is not None:
-            payload["rid"] = rid
+        """One generation, re-sent after a transient fault at most `generate_retries` times."""
+        payload = generate_payload(sampling_params, input_ids, text, return_logprob, rid)
         return await self._request_with_retries("POST", "/generate", payload)
+
+    async def generate_once(
+        self, sampling_params: dict[str, Any], *, input_ids: list[int], return_logprob: bool = True
+    ) -> dict:
+        """One generation, one attempt (an EnginePool decides where a failed one goes next)."""
+        payload = generate_payload(sampling_params, input_ids, None, return_logprob, None)
+        return await self._request("POST", "/generate", payload)
 
     async def health(self) -> None:
         """Raises unless the engine answers 200 (SGLang's /health runs a one-token generation)."""
         await self._request("GET", "/health")
+
+    async def health_generate(self) -> None:
+        """Raises unless the engine generates one token (SGLang's /health_generate; the CPU engine's too)."""
+        await self._request("GET", "/health_generate")
 
     async def model_info(self) -> dict:
         return await self._request("GET", "/model_info")

@@ -129,16 +129,93 @@ def wait_registered(router_url: str, worker_urls: list[str], timeout_s: float = 
         time.sleep(0.2)
 
 
+def worker_ids(router_url: str) -> dict[str, str]:
+    """The router's id of every engine it lists (its DELETE takes the id, not the address)."""
+    listing = httpx.get(f"{router_url}/workers", timeout=10).json()
+    return {worker["url"]: worker["id"] for worker in listing.get("workers", [])}
+
+
+def remove_worker(router_url: str, worker_url: str) -> None:
+    """Take an engine out of the router's rotation (a dead engine would otherwise get requests, each answered 500)."""
+    worker_id = worker_ids(router_url).get(worker_url)
+    if worker_id is None:
+        return
+    response = httpx.delete(f"{router_url}/workers/{worker_id}", timeout=30)
+    if response.status_code >= 400:
+        raise RuntimeError(f"router {router_url} kept worker {worker_url}: HTTP {response.status_code} {response.text}")
+
+
+def wait_unregistered(router_url: str, worker_url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while worker_url in worker_ids(router_url):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"router {router_url} still lists {worker_url}")
+        time.sleep(0.2)
+
+
+def engine_process(
+    spec: SGLangEngineSpec,
+    timeout_s: float = 900.0,
+    env: dict[str, str] | None = None,
+    python: str | None = None,
+    wait: bool = False,
+) -> ServerProcess:
+    """One engine on its own address; ready once /health_generate (a real one-token generation) answers."""
+    return ServerProcess(
+        spec.command(),
+        health_path="/health_generate",
+        timeout=timeout_s,
+        url=spec.url,
+        env=env,
+        python=python,
+        wait=wait,
+    )
+
+
+def start_router(host: str, port: int, env: dict[str, str] | None = None, python: str | None = None) -> ServerProcess:
+    """The router on `port` (a free one when 0: picked only now, since starting engines take ports of their own)."""
+    if not port:
+        from slime_search.utils.net import free_port
+
+        port = free_port()
+    url = f"http://{host}:{port}"
+    return ServerProcess(
+        router_command(host, port), health_path="/health", timeout=120, url=url, env=env, python=python
+    )
+
+
+def register_all(router: ServerProcess, worker_urls: list[str]) -> None:
+    for url in worker_urls:
+        register_worker(router.url, url)
+    wait_registered(router.url, worker_urls)
+
+
 @dataclass
 class SGLangDeployment:
     router_url: str
     engines: list[ServerProcess]
     router: ServerProcess
+    specs: list[SGLangEngineSpec] = field(default_factory=list)
+    env: dict[str, str] | None = None
+    python: str | None = None
+    timeout_s: float = 900.0
+
+    def start_engine(self, index: int) -> ServerProcess:
+        """Engine `index` started again on its own address (not waited for)."""
+        return engine_process(self.specs[index], self.timeout_s, self.env, self.python)
 
     def stop(self) -> None:
         self.router.stop()
         for engine in self.engines:
             engine.stop()
+
+
+def check_installed(python: str | None) -> None:
+    if python is None:
+        import importlib.util
+
+        if importlib.util.find_spec("sglang") is None:
+            raise RuntimeError("SGLang is not installed: see docs/gpu.md for the pinned GPU install")
 
 
 def launch(
@@ -150,45 +227,18 @@ def launch(
     python: str | None = None,
 ) -> SGLangDeployment:
     """Start every engine, wait until all answer /health_generate, start the router (on a free port when `router_port`
-    is 0) and register the engines with it. Every process gets `env` added to its environment and runs under `python` (this interpreter by default)."""
-    if python is None:
-        import importlib.util
-
-        if importlib.util.find_spec("sglang") is None:
-            raise RuntimeError("SGLang is not installed: see docs/gpu.md for the pinned GPU install")
+    is 0) and register the engines with it. Every process gets `env` added to its environment and runs under `python`
+    (this interpreter by default)."""
+    check_installed(python)
     engines: list[ServerProcess] = []
     try:
         for spec in specs:
-            engines.append(
-                ServerProcess(
-                    spec.command(),
-                    health_path="/health_generate",
-                    timeout=timeout_s,
-                    url=spec.url,
-                    env=env,
-                    python=python,
-                    wait=False,
-                )
-            )
+            engines.append(engine_process(spec, timeout_s, env, python))
         for engine in engines:
             engine.wait_ready()
-        if not router_port:  # picked only now: starting engines take ports of their own, and one could be it
-            from slime_search.utils.net import free_port
-
-            router_port = free_port()
-        router_url = f"http://{router_host}:{router_port}"
-        router = ServerProcess(
-            router_command(router_host, router_port),
-            health_path="/health",
-            timeout=120,
-            url=router_url,
-            env=env,
-            python=python,
-        )
+        router = start_router(router_host, router_port, env, python)
         try:
-            for spec in specs:
-                register_worker(router_url, spec.url)
-            wait_registered(router_url, [spec.url for spec in specs])
+            register_all(router, [spec.url for spec in specs])
         except BaseException:
             router.stop()
             raise
@@ -196,5 +246,5 @@ def launch(
         for engine in engines:
             engine.stop()
         raise
-    logger.info("SGLang router at %s with %d engines", router_url, len(specs))
-    return SGLangDeployment(router_url, engines, router)
+    logger.info("SGLang router at %s with %d engines", router.url, len(specs))
+    return SGLangDeployment(router.url, engines, router, list(specs), env, python, timeout_s)

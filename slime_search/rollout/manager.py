@@ -37,10 +37,11 @@ class RolloutManagerConfig:
     log_dir: str = "."  # where the engines' logs go
 
 
-def plugin_args_for(args: Any, engine_url: str) -> argparse.Namespace:
-    """What the plugins receive as `args`: the parsed flags and the address of the engines (a new namespace: the
-    parsed flags themselves are never changed)."""
-    return argparse.Namespace(**{**vars(args), "engine_url": engine_url})
+def plugin_args_for(args: Any, engines) -> argparse.Namespace:
+    """What the plugins receive as `args`: the parsed flags, one address for /generate (`engine_url`: the router in
+    front of several engines, or the one engine) and every engine's own (`engine_urls`, for a plugin that spreads its
+    trajectories over them); a new namespace: the parsed flags themselves are never changed."""
+    return argparse.Namespace(**{**vars(args), "engine_url": engines.url, "engine_urls": list(engines.worker_urls)})
 
 
 def sample_record(sample: Sample, reward_key: str) -> dict[str, Any]:
@@ -69,6 +70,7 @@ def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
         "rollout/obs_truncations": float(sum(s.metrics.get("obs_truncations", 0) for s in samples)),
         "rollout/search_failures": float(sum(s.metadata.get("finish_reason") == "search_error" for s in samples)),
         "rollout/engine_errors": float(sum(s.metadata.get("finish_reason") == "engine_error" for s in samples)),
+        "rollout/engine_failovers": float(sum(s.metrics.get("engine_failovers", 0) for s in samples)),
     }
     billed = sum(s.metrics.get("search_billed", 0) for s in samples)
     hits = sum(s.metrics.get("search_cache_hits", 0) for s in samples)
@@ -131,7 +133,7 @@ class RolloutManager:
 
         self.config = config
         self.engines = start_engines(config.engines, Path(config.log_dir), gpu_ids)
-        self.plugin_args = plugin_args_for(plugin_args, self.engines.url)
+        self.plugin_args = plugin_args_for(plugin_args, self.engines)
         self.plugins = Plugins.load(config.generate_path, config.reward_path)
         self.source = DataSource(config.data)
         self._lock = threading.Lock()
@@ -189,6 +191,16 @@ class RolloutManager:
         from slime_search.engines.client import call_engine, on_every_engine
 
         asyncio.run(on_every_engine(self.engines.worker_urls, lambda url: call_engine(url, method, *args)))
+
+    def restart_down_engines(self) -> list[str]:
+        """Start again every engine that has died or stopped answering (not waited for); returns their addresses."""
+        down = self.engines.find_down()
+        self.engines.restart(down)
+        return down
+
+    def wait_restarted_engines(self) -> list[str]:
+        """Wait until the restarted engines are ready; returns their addresses (they need the current weights)."""
+        return self.engines.wait_restarted()
 
     def worker_urls(self) -> list[str]:
         """Every engine's own address (not the router's), for weight updates."""

@@ -68,7 +68,7 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
 
 @dataclass(frozen=True)
 class SearchR1Config:
-    engine_url: str
+    engine_urls: tuple[str, ...]  # every engine (the trajectories spread over them) or one address (a router)
     tokenizer_path: str
     search_backend: str = "local"
     search_url: str = "http://127.0.0.1:8000/retrieve"
@@ -106,19 +106,28 @@ class SearchR1Config:
 
     @classmethod
     def from_args(cls, args: Any) -> SearchR1Config:
-        """The engine address is the manager's `engine_url` (or slime's router address); the tokenizer is the
-        HF checkpoint's; every other field is the flag of the same name."""
-        engine_url = getattr(args, "engine_url", None) or getattr(args, "sglang_router_url", None)
-        if not engine_url:
-            ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
-            if not ip or not port:
-                raise ValueError("no engine address: set args.engine_url or --sglang-router-ip/--sglang-router-port")
-            engine_url = f"http://{ip}:{port}"
+        """The engines are the manager's `engine_urls` (every engine), else its `engine_url` (or slime's router
+        address); the tokenizer is the HF checkpoint's; every other field is the flag of the same name."""
         tokenizer_path = getattr(args, "hf_checkpoint", None) or getattr(args, "tokenizer_path", None)
         if not tokenizer_path:
             raise ValueError("no tokenizer: set --hf-checkpoint (an HF folder with the tokenizer)")
-        names = [f.name for f in fields(cls) if f.name not in ("engine_url", "tokenizer_path")]
-        return cls(engine_url=engine_url, tokenizer_path=str(tokenizer_path), **flags_from(args, names))
+        names = [f.name for f in fields(cls) if f.name not in ("engine_urls", "tokenizer_path")]
+        settings = flags_from(args, names)
+        return cls(engine_urls=engine_addresses(args), tokenizer_path=str(tokenizer_path), **settings)
+
+
+def engine_addresses(args: Any) -> tuple[str, ...]:
+    """`args.engine_urls`, else the one address of `args.engine_url` or slime's router flags."""
+    urls = getattr(args, "engine_urls", None)
+    if urls:
+        return tuple(urls)
+    engine_url = getattr(args, "engine_url", None) or getattr(args, "sglang_router_url", None)
+    if not engine_url:
+        ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
+        if not ip or not port:
+            raise ValueError("no engine address: set args.engine_url or --sglang-router-ip/--sglang-router-port")
+        engine_url = f"http://{ip}:{port}"
+    return (engine_url,)
 
 
 def flags_from(args: Any, names: list[str]) -> dict[str, Any]:

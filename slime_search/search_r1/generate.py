@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from slime_search.engines.client import EngineClient, EngineClientConfig, EngineError
+from slime_search.engines.client import EngineError
+from slime_search.engines.pool import EnginePool, PoolConfig
 from slime_search.search_r1.config import PerRollout, SearchR1Config
 from slime_search.search_r1.search_clients import (
     LocalSearchClient,
@@ -79,7 +80,7 @@ def load_tokenizer(path: str):
 
 @dataclass
 class _Resources:
-    engine: EngineClient
+    engines: EnginePool
     search: LocalSearchClient | SerperClient
     search_slots: asyncio.Semaphore
     # Held only around engine calls: a trajectory waiting on its search gives its generation slot to another.
@@ -101,10 +102,8 @@ class _Resources:
             )
             search = SerperClient(serper)
         return cls(
-            EngineClient(
-                EngineClientConfig(
-                    config.engine_url, timeout_s=config.engine_timeout, generate_retries=config.engine_retries
-                )
+            EnginePool(
+                list(config.engine_urls), PoolConfig(timeout_s=config.engine_timeout, retries=config.engine_retries)
             ),
             search,
             asyncio.Semaphore(config.search_concurrency),
@@ -112,7 +111,7 @@ class _Resources:
         )
 
     async def close(self) -> None:
-        await self.engine.close()
+        await self.engines.close()
         await self.search.close()
 
 
@@ -228,6 +227,7 @@ async def run_trajectory(
     metrics.update(search_billed=0, search_cache_hits=0)  # web search: billed API calls, answers from a cache
     sample.status = Status.COMPLETED
     finish = "stop"
+    route = res.engines.route()  # this trajectory's engine: kept across turns (prefix cache), moved on a fault
     turn_limit = config.max_turns + (1 if config.final_turn else 0)
     for turn_index in range(turn_limit):
         remaining = config.max_response_tokens - sample.response_length
@@ -237,7 +237,7 @@ async def run_trajectory(
         try:
             async with res.generation_slots:
                 params = _turn_sampling_params(sampling_params, remaining)
-                out = await res.engine.generate(params, input_ids=sample.tokens)
+                out = await route.generate(params, sample.tokens)
         except EngineError as err:  # the engine is gone or failing: this trajectory is lost, not the rollout
             sample.status, finish = Status.ABORTED, "engine_error"
             sample.metadata["error"] = str(err)
@@ -291,7 +291,7 @@ async def run_trajectory(
         sample.append_response_tokens(obs_ids, generated=False, text=tokenizer.decode(obs_ids))
     else:
         finish = "max_turns"
-    sample.metrics.update(metrics, response_tokens=sample.response_length)
+    sample.metrics.update(metrics, response_tokens=sample.response_length, engine_failovers=route.failovers)
     sample.metadata["finish_reason"] = finish
     sample.check_alignment()
     return sample

@@ -81,6 +81,12 @@ class WeightTransport:
     def close(self) -> None:
         """Undo connect()."""
 
+    def reconnect(self) -> None:
+        """Connect again after engines were restarted on their addresses (a broadcast group is formed anew; the
+        restarted engines answer to their new SGLang version)."""
+        self.close()
+        self.connect()
+
 
 @dataclass(frozen=True)
 class TransportKind:

@@ -4,14 +4,13 @@ engines, its Ray actors and the Ray cluster it started (raylet, GCS, agents, wor
 import contextlib
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
 from local_dense_retriever.launch import RetrievalServerProcess
-from tests.e2e.test_train_e2e import prepare_task
+from tests.e2e.test_train_e2e import prepare_task, tiny_train_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -39,14 +38,7 @@ def test_a_signal_to_the_driver_alone_stops_every_process_it_started(tiny_checkp
     retriever_args = prepare_task(tmp_path)
     run = tmp_path / "run"
     with RetrievalServerProcess(*retriever_args) as retriever:
-        command = [
-            sys.executable, "-m", "slime_search.train",
-            "--hf-checkpoint", str(tiny_checkpoint), "--save", str(run),
-            "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template",
-            "--num-rollout", "1000", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
-            "--search-url", f"{retriever.url}/retrieve",
-        ]  # fmt: skip
+        command = tiny_train_command(tiny_checkpoint, tmp_path, retriever.url, "--num-rollout", "1000")
         with open(tmp_path / "log.txt", "w") as log:
             # its own session, so the test can clean up by process group whatever outlives the driver
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -62,20 +62,28 @@ def prepare_task(tmp_path):
     ]
 
 
+def tiny_train_command(checkpoint, tmp_path, retriever_url: str, *flags: str) -> list[str]:
+    """`train.py` on the tiny policy and the task of `prepare_task`, run folder tmp_path/run, with `flags` added."""
+    return [
+        sys.executable, "-m", "slime_search.train",
+        "--hf-checkpoint", str(checkpoint), "--save", str(tmp_path / "run"),
+        "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+        "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
+        "--search-url", f"{retriever_url}/retrieve", *flags,
+    ]  # fmt: skip
+
+
 def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_path):
     retriever_args = prepare_task(tmp_path)
     run = tmp_path / "run"
     with RetrievalServerProcess(*retriever_args) as retriever:
-        command = [
-            sys.executable, "-m", "slime_search.train",
-            "--hf-checkpoint", str(tiny_checkpoint), "--save", str(run),
-            "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template", "--rollout-shuffle",
-            "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
-            "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--entropy-coef", "0.01",
+        command = tiny_train_command(
+            tiny_checkpoint, tmp_path, retriever.url,
+            "--rollout-shuffle", "--num-rollout", "3", "--lr", "1e-2", "--entropy-coef", "0.01",
             "--use-kl-loss", "--kl-loss-coef", "0.001",
             "--eval-prompt-data", "nq", str(tmp_path / "eval.parquet"), "--eval-interval", "2", "--save-interval", "1",
-        ]  # fmt: skip
+        )  # fmt: skip
         with open(tmp_path / "log1.txt", "w") as log:
             # its own session, so that SIGKILL reaches the driver and every process it started, and nothing else
             first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

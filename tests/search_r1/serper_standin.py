@@ -13,7 +13,7 @@ POST /retrieve is a retriever that misbehaves on cue, for the local search clien
 documents without `contents`. Every other query gets one document that names it.
 
 POST /generate is an engine that fails on cue, for the engine client: input_ids [STATUS, N] get STATUS for the first
-N calls, then a one-token answer.
+N calls, then a one-token answer (STATUS 0: never fails).
 """
 
 import argparse
@@ -85,12 +85,12 @@ def build_app(api_key: str):
     @app.post("/generate")
     async def generate(request: Request):
         """An engine that fails on cue: input_ids [STATUS, N] answers STATUS to the first N calls, then a one-token
-        generation (N = 0: always STATUS)."""
+        generation (N = 0: always STATUS; STATUS 0: never)."""
         ids = (await request.json())["input_ids"]
         key = ",".join(map(str, ids))
         generate_calls[key] = generate_calls.get(key, 0) + 1
         status, times = ids[0], ids[1]
-        if times == 0 or generate_calls[key] <= times:
+        if status and (times == 0 or generate_calls[key] <= times):
             return JSONResponse({"error": {"message": f"failing on cue ({status})"}}, status_code=status)
         meta = {"finish_reason": {"type": "length", "length": 1}, "output_token_logprobs": [[-0.5, 7, None]]}
         return {"text": "x", "output_ids": [7], "meta_info": meta}

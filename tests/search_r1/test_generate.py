@@ -366,9 +366,9 @@ def test_a_rollout_shares_one_session_and_its_end_closes_it(servers, tiny_checkp
         samples = [Sample(prompt=make_prompt("Where does the silver walrus live")) for _ in range(3)]
         await asyncio.gather(*(generate(args, s, {"max_new_tokens": 200}) for s in samples))
         session = session_for(args)
-        assert session is session_for(args) and session.config.engine_url == args.engine_url
+        assert session is session_for(args) and session.config.engine_urls == (args.engine_url,)
         await close_resources()
-        assert session.resources.engine._session.closed
+        assert all(client._session.closed for client in session.resources.engines.clients.values())
         return session
 
     first, second = asyncio.run(rollout()), asyncio.run(rollout())
