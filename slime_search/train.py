@@ -91,6 +91,13 @@ def engines_back(manager, transport) -> float:
     return time.perf_counter() - started
 
 
+def trainer_idle(clock) -> dict[str, float]:
+    """The share of the step the actor neither trained nor pushed weights: it waited for its batch (or engines)."""
+    times = clock.times()
+    busy = times.get("time/train_s", 0.0) + times.get("time/sync_s", 0.0)
+    return {"async/trainer_idle_fraction": 1.0 - busy / times["time/step_s"] if times["time/step_s"] > 0 else 0.0}
+
+
 def shut_down(transport, manager, group, sink) -> None:
     """Engines leave the weight-update group, then the manager stops them; the actor and the sink close last."""
     from slime_search.ray.placement import stop_rollout_manager
@@ -118,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     from slime_search.arguments import check_model_flags, run_config
     from slime_search.metrics import MetricsSink, PhaseClock
     from slime_search.ray.colocation import Colocation
-    from slime_search.ray.placement import create_rollout_manager, wait_with_progress
+    from slime_search.ray.placement import create_rollout_manager
     from slime_search.ray.train_group import RayTrainGroup
     from slime_search.report import render_report
+    from slime_search.rollout.schedule import create_schedule
     from slime_search.run_folder import RunFolder
     from slime_search.weight_sync.transports import create_transport
 
@@ -145,14 +153,14 @@ def main(argv: list[str] | None = None) -> int:
             transport = create_transport(config.weight_sync, group, ray.get(manager.worker_urls.remote()))
             transport.connect()
         start = resume(config, run, group, manager, transport, sink, colocation)
+        rollouts = create_schedule(config.schedule, manager)
+        rollouts.start(start)
         for step in range(start, config.num_rollout):
             colocation.for_generation()
             if config.eval_due(step):
                 evaluate(config, manager, sink, run, step)
             clock = PhaseClock()
-            samples, metrics, shown = wait_with_progress(
-                manager, manager.generate.remote(config.log_rollout_examples), f"rollout {step}"
-            )
+            samples, metrics, shown = rollouts.next_batch(step, config.log_rollout_examples)
             run.record_examples(step, "train", shown)
             clock.mark("rollout")
             restarted = restart_down_engines(config, manager)
@@ -161,16 +169,20 @@ def main(argv: list[str] | None = None) -> int:
             colocation.for_training()
             metrics.update(group.train(samples, config.steps_per_rollout))
             clock.mark("train")
-            if restarted:
-                metrics["time/engine_restart_wait_s"] = engines_back(manager, transport)  # within sync_s
-            if transport is not None:
-                colocation.for_weight_push()
-                metrics["weight_version"] = int(transport.push(str(step + 1)))
-                clock.mark("sync")
-            sink.log(step, {**metrics, **colocation.metrics(), **clock.times()})
+            with rollouts.weight_push():  # one-step: the stream drains first; fully: the engines pause meanwhile
+                clock.mark("drain")
+                if restarted:
+                    metrics["time/engine_restart_wait_s"] = engines_back(manager, transport)  # within sync_s
+                if transport is not None:
+                    colocation.for_weight_push()
+                    metrics["weight_version"] = int(transport.push(str(step + 1)))
+            rollouts.pushed(step + 1)
+            clock.mark("sync")
+            sink.log(step, {**metrics, **colocation.metrics(), **clock.times(), **trainer_idle(clock)})
             if config.save_due(step + 1):
                 colocation.for_weight_push()  # the actor's state must be on its device
                 save(run, group, manager, step + 1, config.keep_checkpoints)
+        rollouts.stop()
         if config.eval_due(config.num_rollout) and start <= config.num_rollout:
             colocation.for_generation()
             evaluate(config, manager, sink, run, config.num_rollout)

@@ -20,10 +20,12 @@ class Status(Enum):
 class Sample:
     """One trajectory: prompt tokens followed by response tokens.
 
-    `tokens` holds prompt + response; the last `response_length` of them are the response. `loss_mask` and
-    `rollout_log_probs` cover the response only, one entry per response token: mask 1 for tokens the policy
-    generated, 0 for tokens inserted by the environment (retrieved passages); log-probs are the engine's for
-    generated tokens and 0.0 for inserted ones.
+    `tokens` holds prompt + response; the last `response_length` of them are the response. `loss_mask`,
+    `rollout_log_probs` and `token_versions` cover the response only, one entry per response token: mask 1 for tokens
+    the policy generated, 0 for tokens inserted by the environment (retrieved passages); log-probs are the engine's
+    for generated tokens (of the distribution it sampled from) and 0.0 for inserted ones; versions are the weight
+    version that generated each token (a trajectory can span a weight push) and -1 for inserted tokens or an engine
+    that did not say.
     """
 
     Status = Status
@@ -34,6 +36,7 @@ class Sample:
     response_length: int = 0
     loss_mask: list[int] = field(default_factory=list)
     rollout_log_probs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
     reward: float | dict[str, Any] | None = None
     label: Any = None
     group_index: int | None = None
@@ -59,11 +62,12 @@ class Sample:
         generated: bool,
         log_probs: list[float] | None = None,
         text: str = "",
+        versions: list[int] | None = None,
     ) -> None:
-        """Append a span of response tokens, keeping tokens, loss mask and log-probs aligned.
+        """Append a span of response tokens, keeping tokens, loss mask, log-probs and versions aligned.
 
-        Generated spans need one log-prob per token; inserted spans (observations) take none and get
-        mask 0 and log-prob 0.0.
+        Generated spans need one log-prob per token and may give each token's weight version; inserted spans
+        (observations) take neither and get mask 0, log-prob 0.0 and version -1.
         """
         self.check_alignment()
         token_ids = [int(t) for t in token_ids]
@@ -73,12 +77,15 @@ class Sample:
                 raise ValueError(f"generated span of {len(token_ids)} tokens needs as many log-probs, got {got}")
             span_log_probs = [float(lp) for lp in log_probs]
         else:
-            if log_probs is not None:
-                raise ValueError("inserted (non-generated) tokens take no log-probs")
+            if log_probs is not None or versions is not None:
+                raise ValueError("inserted (non-generated) tokens take no log-probs or versions")
             span_log_probs = [0.0] * len(token_ids)
+        if versions is not None and len(versions) != len(token_ids):
+            raise ValueError(f"span of {len(token_ids)} tokens given {len(versions)} versions")
         self.tokens.extend(token_ids)
         self.loss_mask.extend([1 if generated else 0] * len(token_ids))
         self.rollout_log_probs.extend(span_log_probs)
+        self.token_versions.extend([int(v) for v in versions] if versions is not None else [-1] * len(token_ids))
         self.response_length += len(token_ids)
         self.response += text
         self.segments.append((text, generated))
@@ -89,11 +96,15 @@ class Sample:
             raise ValueError(f"response_length {self.response_length} exceeds {len(self.tokens)} tokens")
         if len(self.loss_mask) != self.response_length:
             raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {self.response_length} response tokens")
-        if len(self.rollout_log_probs) != self.response_length:
-            raise ValueError(
-                f"rollout_log_probs has {len(self.rollout_log_probs)} entries for {self.response_length} "
-                "response tokens"
-            )
+        for name in ("rollout_log_probs", "token_versions"):
+            if len(getattr(self, name)) != self.response_length:
+                raise ValueError(
+                    f"{name} has {len(getattr(self, name))} entries for {self.response_length} response tokens"
+                )
+
+    def generated_versions(self) -> list[int]:
+        """The weight version of every generated token (-1 where the engine did not say)."""
+        return [v for v, m in zip(self.token_versions, self.loss_mask, strict=True) if m]
 
     @property
     def trainable(self) -> bool:
@@ -108,6 +119,7 @@ class Sample:
             "response_length": self.response_length,
             "loss_mask": list(self.loss_mask),
             "rollout_log_probs": list(self.rollout_log_probs),
+            "token_versions": list(self.token_versions),
             "reward": self.reward,
             "label": self.label,
             "group_index": self.group_index,
@@ -124,6 +136,7 @@ class Sample:
         fields = dict(data)
         fields["status"] = Status(fields.get("status", Status.PENDING.value))
         fields["segments"] = [(str(text), bool(generated)) for text, generated in fields.get("segments", [])]
+        fields.setdefault("token_versions", [-1] * int(fields.get("response_length", 0)))  # records from before
         sample = cls(**fields)
         sample.check_alignment()
         return sample

@@ -202,6 +202,15 @@ class EngineClient:
         """Any other POST of SGLang's API (the weight-update group calls, for example)."""
         return await self._request("POST", path, payload)
 
+    async def pause_generation(self, mode: str = "retract") -> dict:
+        """SGLang's pause: no request starts decoding until continue_generation. "retract" stops running requests
+        and keeps their output: after the pause they go on (re-prefilled under the weights served then) and answer
+        once, their `meta_info.weight_versions` saying which tokens each version generated; "abort" ends them."""
+        return await self._request("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> dict:
+        return await self._request("POST", "/continue_generation", {})
+
     async def flush_cache(self) -> str:
         """SGLang answers in plain text."""
         return await self._request("POST", "/flush_cache")

@@ -20,24 +20,53 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class GenerationRequest:
-    input_ids: list[int]
-    params: SamplingParams
-    rid: str = ""
-
-
-@dataclass
 class GenerationResult:
     output_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     text: str = ""
     finish_reason: dict = field(default_factory=dict)
     prompt_tokens: int = 0
-    weight_version: str = ""
+    # (version, first output index) each time the served weights changed under the request, as SGLang records them
+    version_starts: list[tuple[str, int]] = field(default_factory=list)
+    retracted: bool = False  # stopped by a pause (retract): continues after /continue_generation
+    num_retractions: int = 0
+
+    @property
+    def weight_version(self) -> str:
+        """The version the request finished on (SGLang reports the last span's)."""
+        return self.version_starts[-1][0] if self.version_starts else ""
+
+    def weight_versions(self) -> list[dict]:
+        """SGLang's spans: {"version", "start", "end"} over the output tokens, one per version that produced any."""
+        ends = [start for _, start in self.version_starts[1:]] + [len(self.output_ids)]
+        spans = [
+            {"version": v, "start": start, "end": end}
+            for (v, start), end in zip(self.version_starts, ends, strict=True)
+        ]
+        return [span for span in spans if span["end"] > span["start"]] or spans[-1:]
+
+    def serve_on(self, version: str) -> None:
+        if not self.version_starts or self.version_starts[-1][0] != version:
+            self.version_starts.append((version, len(self.output_ids)))
+
+
+@dataclass
+class GenerationRequest:
+    input_ids: list[int]
+    params: SamplingParams
+    rid: str = ""
+    prior: GenerationResult | None = None  # what a retracted request generated before its pause
+
+    @property
+    def context(self) -> list[int]:
+        """What the model conditions on: the prompt and, for a retracted request, its output so far."""
+        return self.input_ids + (self.prior.output_ids if self.prior is not None else [])
 
 
 ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}  # SGLang's finish reason
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's; the CPU engine holds memory only for weights
+PAUSE_MODES = ("abort", "retract")  # SGLang's /pause_generation modes the CPU engine has ("in_place" keeps a KV cache
+# across a weight update, which the CPU engine does not keep beyond one batch)
 
 
 class EngineNotReady(RuntimeError):
@@ -57,6 +86,7 @@ class CpuEngine:
         self.eos_ids = self._eos_ids()
         self._aborted: set[str] = set()
         self._abort_all = False
+        self._pause_mode: str | None = None
         self._lock = threading.Lock()
         self.released: set[str] = set()  # memory tags given back (SGLang's release_memory_occupation)
         self.stale: set[str] = set()  # weights resumed but not updated since (their values are undefined)
@@ -86,7 +116,26 @@ class CpuEngine:
 
     def _is_aborted(self, rid: str) -> bool:
         with self._lock:
-            return self._abort_all or rid in self._aborted
+            return self._abort_all or rid in self._aborted or self._pause_mode == "abort"
+
+    def pause(self, mode: str) -> None:
+        """SGLang's pause: "abort" ends running requests (their output so far is returned), "retract" stops them at the
+        next token and keeps their output for `GenerationResult.retracted` continuations; either way no request
+        starts decoding until resume()."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(
+                f"pause mode {mode!r} is not supported by the CPU engine (it has {', '.join(PAUSE_MODES)})"
+            )
+        with self._lock:
+            self._pause_mode = mode
+
+    def resume(self) -> None:
+        with self._lock:
+            self._pause_mode = None
+
+    def _retracting(self) -> bool:
+        with self._lock:
+            return self._pause_mode == "retract"
 
     # ---- memory hand-over with a colocated trainer (call between generations only) ---------------------------
     @staticmethod
@@ -163,7 +212,7 @@ class CpuEngine:
             self.weight_version = weight_version
         return self.weight_version
 
-    # ---- generation -------------------------------------------------------------------------------------------
+    # ---- generation ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         from transformers import DynamicCache
@@ -173,20 +222,23 @@ class CpuEngine:
         self._check_ready()
         with self._lock:  # an abort-all applies to what was queued before it, not to later requests
             self._abort_all = False
+        results = [self._start(request) for request in requests]
+        active = [self._finish_if_empty(req, res) for req, res in zip(requests, results, strict=True)]
+        if self._retracting():  # paused before the batch started: every request waits, untouched
+            return [self._retract(res) if on else res for res, on in zip(results, active, strict=True)]
         batch = len(requests)
-        lengths = [len(r.input_ids) for r in requests]
+        contexts = [request.context for request in requests]
+        lengths = [len(c) for c in contexts]
         width = max(lengths)
         input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((batch, width), dtype=torch.long)
-        for row, request in enumerate(requests):  # left padding: every row's next token is at the last column
-            input_ids[row, width - lengths[row] :] = torch.tensor(request.input_ids, dtype=torch.long)
+        for row, context in enumerate(contexts):  # left padding: every row's next token is at the last column
+            input_ids[row, width - lengths[row] :] = torch.tensor(context, dtype=torch.long)
             attention[row, width - lengths[row] :] = 1
         positions = (attention.cumsum(-1) - 1).clamp_min(0)
         temperature = torch.tensor([r.params.temperature for r in requests], dtype=torch.float32)
         top_p = torch.tensor([r.params.top_p for r in requests], dtype=torch.float32)
         top_k = torch.tensor([r.params.top_k for r in requests], dtype=torch.long)
-        results = [GenerationResult(prompt_tokens=n, weight_version=self.weight_version) for n in lengths]
-        active = [self._finish_if_empty(req, res) for req, res in zip(requests, results, strict=True)]
 
         cache = DynamicCache()
         out = self.model(
@@ -204,6 +256,11 @@ class CpuEngine:
                     active[row] = self._append(request, results[row], int(tokens[row]), float(log_probs[row]))
             if not any(active):
                 break
+            if self._retracting():  # a pause: the unfinished requests stop here and continue after it
+                for row in range(batch):
+                    if active[row]:
+                        self._retract(results[row])
+                break
             attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long)], dim=1)
             positions = positions[:, -1:] + 1
             out = self.model(
@@ -213,16 +270,34 @@ class CpuEngine:
                 past_key_values=cache,
                 use_cache=True,
             )
-        with self._lock:
-            self._aborted.difference_update(r.rid for r in requests)
+        with self._lock:  # a retracted request is still running: an abort of its rid still applies to it
+            self._aborted.difference_update(
+                request.rid for request, result in zip(requests, results, strict=True) if not result.retracted
+            )
         return results
 
+    def _start(self, request: GenerationRequest) -> GenerationResult:
+        """A new result, or a retracted request's own, carried on under the weights served now."""
+        result = request.prior or GenerationResult(prompt_tokens=len(request.input_ids))
+        result.retracted = False
+        result.serve_on(self.weight_version)
+        return result
+
+    @staticmethod
+    def _retract(result: GenerationResult) -> GenerationResult:
+        result.retracted = True
+        result.num_retractions += 1
+        return result
+
     def _finish_if_empty(self, request: GenerationRequest, result: GenerationResult) -> bool:
-        if request.params.max_new_tokens == 0:
-            result.finish_reason = {"type": "length", "length": 0}
+        if request.params.max_new_tokens <= len(result.output_ids):
+            result.finish_reason = {"type": "length", "length": request.params.max_new_tokens}
             return False
         if self._is_aborted(request.rid):
             result.finish_reason = {"type": "abort", "message": "Abort in waiting queue"}  # SGLang's words
+            result.text = self.tokenizer.decode(
+                result.output_ids, skip_special_tokens=request.params.skip_special_tokens
+            )
             return False
         return True
 

@@ -121,9 +121,10 @@ def format_result(request, result, return_logprob: bool) -> dict:
         "finish_reason": result.finish_reason,
         "prompt_tokens": result.prompt_tokens,
         "weight_version": result.weight_version,
+        "num_retractions": result.num_retractions,
         "completion_tokens": completion,
         "cached_tokens": 0,
-        "weight_versions": [{"version": result.weight_version, "start": 0, "end": completion}],
+        "weight_versions": result.weight_versions(),
     }
     if return_logprob:
         meta["output_token_logprobs"] = [
@@ -132,12 +133,36 @@ def format_result(request, result, return_logprob: bool) -> dict:
     return {"text": result.text, "output_ids": result.output_ids, "meta_info": meta}
 
 
-class GenerationBatcher(WorkerBatcher):
-    """Generation requests batched onto the thread that owns the engine."""
+class PauseGate:
+    """SGLang's /pause_generation and /continue_generation: while paused, no request starts decoding (new ones wait
+    at the door, retracted ones for their turn again)."""
 
-    def __init__(self, engine, config: EngineServerConfig):
+    def __init__(self, engine):
+        self.engine = engine
+        self.open = asyncio.Event()
+        self.open.set()
+
+    def pause(self, mode: str) -> None:
+        self.engine.pause(mode)
+        self.open.clear()
+
+    def resume(self) -> None:
+        self.engine.resume()
+        self.open.set()
+
+    async def wait(self) -> None:
+        await self.open.wait()
+
+
+class GenerationBatcher(WorkerBatcher):
+    """Generation requests batched onto the thread that owns the engine. A request a pause retracted goes back into
+    the queue, with its output so far, once generation continues; its caller gets one answer for all of it."""
+
+    def __init__(self, engine, config: EngineServerConfig, gate: PauseGate):
         super().__init__(config.max_batch_size, config.max_wait_ms / 1000.0, "engine")
         self.engine = engine
+        self.gate = gate
+        self._continuations: set[asyncio.Task] = set()
 
     async def process(self, batch) -> None:
         try:
@@ -147,8 +172,19 @@ class GenerationBatcher(WorkerBatcher):
             for _, future in batch:
                 resolve(future, error=err)
             return
-        for (_, future), result in zip(batch, results, strict=True):
-            resolve(future, result)
+        for (request, future), result in zip(batch, results, strict=True):
+            if result.retracted:
+                task = asyncio.get_running_loop().create_task(self._continue(request, result, future))
+                self._continuations.add(task)
+                task.add_done_callback(self._continuations.discard)
+            else:
+                resolve(future, result)
+
+    async def _continue(self, request, partial, future) -> None:
+        from dataclasses import replace
+
+        await self.gate.wait()
+        await self.queue.put((replace(request, prior=partial), future))
 
 
 class UpdateSession:
@@ -198,7 +234,8 @@ def create_app(engine, config: EngineServerConfig):
 
     from slime_search.engines.cpu_engine import EngineNotReady
 
-    batcher = GenerationBatcher(engine, config)
+    gate = PauseGate(engine)
+    batcher = GenerationBatcher(engine, config, gate)
     session = UpdateSession()
     vocab_size = int(engine.model.config.vocab_size)
     max_positions = int(getattr(engine.model.config, "max_position_embeddings", 1 << 30))
@@ -227,8 +264,27 @@ def create_app(engine, config: EngineServerConfig):
     async def generate(request: Request):
         body = await read_json(request)
         gen_request, return_logprob = parse_generate(body, engine.tokenizer, vocab_size, max_positions)
+        await gate.wait()
         result = await batcher.submit(gen_request)
         return JSONResponse(format_result(gen_request, result, return_logprob))
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request):
+        body = await read_json(request)
+        mode = body.get("mode", "abort")
+        if not isinstance(mode, str):
+            raise BadRequest("'mode' must be a string")
+        try:
+            gate.pause(mode)
+        except ValueError as err:
+            raise BadRequest(str(err)) from err
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    @app.post("/continue_generation")
+    async def continue_generation(request: Request):
+        await read_json(request)
+        gate.resume()
+        return {"message": "Generation continued successfully.", "status": "ok"}
 
     @app.get("/health")
     async def health():
@@ -236,6 +292,7 @@ def create_app(engine, config: EngineServerConfig):
 
     @app.get("/health_generate")
     async def health_generate():
+        await gate.wait()
         probe, _ = parse_generate(
             {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
             engine.tokenizer,

@@ -25,6 +25,8 @@ from typing import Any
 ENDPOINT_FIELDS = {
     "/generate": ("input_ids", "text", "sampling_params", "return_logprob", "rid", "stream"),
     "/abort_request": ("rid", "abort_all"),
+    "/pause_generation": ("mode",),
+    "/continue_generation": ("torch_empty_cache",),
     "/flush_cache": (),
     "/begin_weight_update": (),
     "/end_weight_update": (),
@@ -200,6 +202,8 @@ def fuzz(url: str, requests: int, seed: int, timeout_s: float = 60.0) -> dict[st
                     tally[outcome(None)] += 1
             if endpoint == "/update_weights_from_tensor":
                 client.post("/end_weight_update", json={})
+            if endpoint == "/pause_generation":  # a pause the fuzz made must not hold the next endpoints' requests
+                client.post("/continue_generation", json={})
     return counts
 
 
@@ -217,6 +221,7 @@ def restore(url: str, model_path: str) -> None:
     import httpx
 
     httpx.post(f"{url}/end_weight_update", json={}, timeout=60)  # 400 when none is open: fine
+    httpx.post(f"{url}/continue_generation", json={}, timeout=60).raise_for_status()
     httpx.post(f"{url}/resume_memory_occupation", json={}, timeout=60).raise_for_status()
     answer = httpx.post(f"{url}/update_weights_from_disk", json={"model_path": model_path}, timeout=120).json()
     if not answer.get("success"):

@@ -19,7 +19,7 @@ def create_rollout_manager(config, plugin_args, group, colocate: bool):
     on_gpu = group.config.use_gpu
     rollout_gpus = config.engines.num_gpus if on_gpu and not colocate else 0
     gpu_ids = group.gpu_ids() if on_gpu and colocate else None
-    options = {"num_cpus": 0, "num_gpus": rollout_gpus, "max_concurrency": 2}
+    options = {"num_cpus": 0, "num_gpus": rollout_gpus, "max_concurrency": 4}
     return ray.remote(RolloutManager).options(**options).remote(config, plugin_args, gpu_ids)
 
 

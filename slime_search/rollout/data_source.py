@@ -1,7 +1,8 @@
 """Prompt data for rollouts: Search-R1 parquet or jsonl rows, a seeded epoch order, and a resumable position.
 
 The order of epoch e is a permutation drawn from a generator seeded with (seed, e): no global RNG is touched,
-and resuming at (epoch, offset) reproduces exactly the prompts an uninterrupted run would have taken.
+and resuming at (epoch, offset) reproduces exactly the prompts an uninterrupted run would have taken. Prompts given
+back (taken by a rollout that a checkpoint cut off before training on it) are served first, in their order.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class DataSource:
             )
         self.epoch = 0
         self.offset = 0
+        self.given_back: list[int] = []  # row indices served before the epoch order goes on
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -108,8 +110,11 @@ class DataSource:
         return PromptItem(int(row_index), row[self.config.input_key], row[self.config.label_key], metadata)
 
     def take(self, count: int) -> list[PromptItem]:
-        """The next `count` prompts, wrapping into the next epoch (with its own order) as needed."""
+        """The next `count` prompts: those given back first, then the epoch order, wrapping into the next epoch (with its
+        own order) as needed."""
         items = []
+        while self.given_back and len(items) < count:
+            items.append(self.item(self.given_back.pop(0)))
         while len(items) < count:
             order = self.order(self.epoch)
             chunk = order[self.offset : self.offset + count - len(items)]
@@ -119,8 +124,10 @@ class DataSource:
                 self.epoch, self.offset = self.epoch + 1, 0
         return items
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "offset": self.offset}
+    def state_dict(self, given_back: list[int] | tuple[int, ...] = ()) -> dict[str, Any]:
+        """The position; `given_back`: rows taken but not trained on, to serve again first after a resume."""
+        return {"epoch": self.epoch, "offset": self.offset, "given_back": [*given_back, *self.given_back]}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        self.given_back = [int(i) for i in state.get("given_back", [])]

@@ -3,7 +3,10 @@
 The manager starts the inference engines it needs (slime_search.engines.deployment), so they live and die with it.
 It takes its typed configuration, built once by the driver, and the parsed flags, which it hands to the plugins
 (slime's plugin contract) together with the address of its engines. A rollout runs on a worker thread of the actor
-while the driver polls `progress()` from another thread to draw its progress bar.
+while the driver polls `progress()` from another thread to draw its progress bar. For asynchronous training the
+manager runs a stream of groups on a thread of its own instead (slime_search.rollout.stream) and hands the trainer a
+batch at a time; around each weight push it drains the stream (one-step) or pauses the engines, which then continue
+every running generation under the new weights (fully).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from slime_search.engines.deployment import EngineConfig
-from slime_search.metrics import percentile
 from slime_search.plugins import Plugins
 from slime_search.rollout.data_source import DataConfig, DataSource
-from slime_search.rollout.rollout import RolloutConfig, reward_value
+from slime_search.rollout.rollout import RolloutConfig
+from slime_search.rollout.sample_metrics import check_engines_served, rollout_metrics, sample_record, staleness_metrics
+from slime_search.rollout.stream import ActivityClock, RolloutStream, StreamConfig
 from slime_search.types import Sample, TrainSample
 
 
@@ -44,67 +48,28 @@ def plugin_args_for(args: Any, engines) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), "engine_url": engines.url, "engine_urls": list(engines.worker_urls)})
 
 
-def sample_record(sample: Sample, reward_key: str) -> dict[str, Any]:
-    """A rollout as the report shows it: prompt, the response split into generated and observed segments."""
-    return {
-        "prompt": sample.prompt if isinstance(sample.prompt, str) else sample.prompt[-1]["content"],
-        "label": sample.label,
-        "segments": [[text, generated] for text, generated in sample.segments],
-        "reward": reward_value(sample.reward, reward_key) if sample.reward is not None else None,
-        "status": sample.status.value,
-        "searches": int(sample.metrics.get("searches", 0)),
-    }
+def counted(generate, clock: ActivityClock):
+    """The generate plugin, with the trajectories it is generating counted by `clock`."""
+
+    async def generate_counted(args, sample, params):
+        clock.started()
+        try:
+            return await generate(args, sample, params)
+        finally:
+            clock.finished()
+
+    return generate_counted
 
 
-def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
-    """Search behaviour of a rollout: turns, searches, invalid actions, search latency, truncations, versions."""
-    n = max(1, len(samples))
-    per_search = [
-        s.metrics["search_latency_s"] / s.metrics["searches"] for s in samples if s.metrics.get("searches", 0) > 0
-    ]
-    out = {
-        "rollout/turns_mean": sum(s.metrics.get("turns", 0) for s in samples) / n,
-        "rollout/searches_mean": sum(s.metrics.get("searches", 0) for s in samples) / n,
-        "rollout/search_rate": sum(s.metrics.get("searches", 0) > 0 for s in samples) / n,
-        "rollout/invalid_action_rate": sum(s.metrics.get("invalid_actions", 0) > 0 for s in samples) / n,
-        "rollout/obs_truncations": float(sum(s.metrics.get("obs_truncations", 0) for s in samples)),
-        "rollout/search_failures": float(sum(s.metadata.get("finish_reason") == "search_error" for s in samples)),
-        "rollout/engine_errors": float(sum(s.metadata.get("finish_reason") == "engine_error" for s in samples)),
-        "rollout/engine_failovers": float(sum(s.metrics.get("engine_failovers", 0) for s in samples)),
-    }
-    billed = sum(s.metrics.get("search_billed", 0) for s in samples)
-    hits = sum(s.metrics.get("search_cache_hits", 0) for s in samples)
-    if billed or hits:  # web search: what the rollout cost and what a cache saved
-        out["rollout/search_billed_calls"] = float(billed)
-        out["rollout/search_cache_hits"] = float(hits)
-        out["rollout/search_cache_hit_rate"] = hits / (billed + hits)
-    if per_search:
-        out["rollout/search_latency_p50_s"] = percentile(per_search, 0.5)
-        out["rollout/search_latency_p99_s"] = percentile(per_search, 0.99)
-    versions = {v for s in samples for v in s.weight_versions}
-    if len(versions) > 1:
-        raise RuntimeError(f"a rollout mixed weight versions {sorted(versions)}; engines were updated mid-rollout")
-    if versions and next(iter(versions)).isdigit():  # a scripted engine (no weights) may name its version
-        out["rollout/weight_version"] = float(versions.pop())
-    return out
-
-
-def check_engines_served(samples: list[Sample]) -> None:
-    """An engine fault costs the trajectories it hit; when it hit every one, no engine is left and the step fails."""
-    lost = [s for s in samples if s.metadata.get("finish_reason") == "engine_error"]
-    if samples and len(lost) == len(samples):
-        raise RuntimeError(f"no engine answered: all {len(samples)} trajectories failed ({lost[0].metadata['error']})")
-
-
-def run_rollout(plugins: Plugins, args, source, config: RolloutConfig, params: dict, on_sample=None):
+def run_rollout(plugins: Plugins, args, source, config: RolloutConfig, params: dict, on_sample=None, clock=None):
     """One rollout in its own event loop; the generate plugin's end-of-rollout hook runs before the loop ends."""
     from slime_search.rollout.rollout import generate_rollout
 
+    generate = plugins.generate if clock is None else counted(plugins.generate, clock)
+
     async def run():
         try:
-            return await generate_rollout(
-                args, source, config, plugins.generate, plugins.reward, params, on_sample=on_sample
-            )
+            return await generate_rollout(args, source, config, generate, plugins.reward, params, on_sample=on_sample)
         finally:
             await plugins.end_rollout()
 
@@ -127,6 +92,21 @@ def evaluation_samples(
     return samples
 
 
+def train_batch(groups: list[list[Sample]], config: RolloutConfig, examples: int):
+    """GRPO advantages, the trainer's samples, and `examples` rendered samples of a batch of groups."""
+    from slime_search.rollout.rollout import assign_advantages
+
+    everything = [s for g in groups for s in g]
+    samples = assign_advantages(everything, config.reward_key, config.normalize_advantages_std)
+    shown = [sample_record(s, config.reward_key) for s in everything[:examples]]
+    return [TrainSample.from_sample(s) for s in samples], shown
+
+
+def idle_metric(clock: ActivityClock) -> dict[str, float]:
+    idle, elapsed = clock.read()
+    return {"async/engine_idle_fraction": idle / elapsed if elapsed > 0 else 0.0}
+
+
 class RolloutManager:
     def __init__(self, config: RolloutManagerConfig, plugin_args, gpu_ids: list[str] | None = None):
         from slime_search.engines.deployment import start_engines
@@ -136,11 +116,15 @@ class RolloutManager:
         self.plugin_args = plugin_args_for(plugin_args, self.engines)
         self.plugins = Plugins.load(config.generate_path, config.reward_path)
         self.source = DataSource(config.data)
+        self.clock = ActivityClock()  # when no trajectory is being generated: the engines are idle
+        self.stream: RolloutStream | None = None
         self._lock = threading.Lock()
         self._progress = (0, 0)
 
     # ---- progress (answered from a second thread of the actor while a rollout runs) ----------------------
     def progress(self) -> tuple[int, int]:
+        if self.stream is not None:
+            return self.stream.progress()
         with self._lock:
             return self._progress
 
@@ -149,21 +133,71 @@ class RolloutManager:
             self._progress = (done, total)
 
     # ---- rollouts ---------------------------------------------------------------------------------------------
-    def _run(self, source, config: RolloutConfig, params: dict):
-        return run_rollout(self.plugins, self.plugin_args, source, config, params, self._count)
+    def _run(self, source, config: RolloutConfig, params: dict, clock: ActivityClock | None = None):
+        return run_rollout(self.plugins, self.plugin_args, source, config, params, self._count, clock)
 
     def generate(self, examples: int = 0) -> tuple[list[TrainSample], dict[str, float], list[dict]]:
         """One training rollout: train samples with GRPO advantages, metrics, and `examples` rendered samples."""
-        from slime_search.rollout.rollout import assign_advantages
-
         config = self.config.rollout
-        groups, metrics = self._run(self.source, config, self.config.sampling_params)
+        groups, metrics = self._run(self.source, config, self.config.sampling_params, self.clock)
         everything = [s for g in groups for s in g]
         check_engines_served(everything)
         metrics.update(rollout_metrics(everything))
-        samples = assign_advantages(everything, config.reward_key, config.normalize_advantages_std)
-        shown = [sample_record(s, config.reward_key) for s in everything[:examples]]
-        return [TrainSample.from_sample(s) for s in samples], metrics, shown
+        metrics.update(idle_metric(self.clock))
+        samples, shown = train_batch(groups, config, examples)
+        return samples, metrics, shown
+
+    # ---- asynchronous training: a stream of groups ---------------------------------------------------------------
+    def start_stream(self, max_staleness: int, policy_version: int) -> None:
+        """Generate groups continuously from now on, `max_staleness` versions ahead of the trainer at most."""
+        self.stream = RolloutStream(
+            self.plugins,
+            self.plugin_args,
+            self.source,
+            StreamConfig(self.config.rollout, max_staleness),
+            self.config.sampling_params,
+            policy_version,
+            self.clock,
+        )
+        self.stream.start()
+
+    def next_batch(self, trainer_version: int, examples: int = 0):
+        """The next batch of complete groups, as `generate` answers, with how stale it is for the policy at
+        `trainer_version` (the version the actor trains it with)."""
+        from slime_search.rollout.rollout import batch_metrics
+
+        config = self.config.rollout
+        groups = self.stream.take_batch()
+        everything = [s for g in groups for s in g]
+        check_engines_served(everything)
+        metrics = batch_metrics(groups, 0, config.reward_key)
+        metrics.update(rollout_metrics(everything, single_version=False))
+        metrics.update(staleness_metrics(everything, trainer_version))
+        metrics.update(self.stream.counts())
+        metrics.update(idle_metric(self.clock))
+        samples, shown = train_batch(groups, config, examples)
+        return samples, metrics, shown
+
+    def stop_stream(self) -> None:
+        """No more batches are needed: what is in flight is cancelled (the final evaluation runs alone)."""
+        if self.stream is not None:
+            self.stream.stop()
+            self.stream = None
+
+    def drain(self) -> None:
+        """Wait until no group is being generated (one-step: before a push, so no trajectory spans two versions)."""
+        self.stream.drain()
+
+    def pause_generation(self) -> None:
+        """Before a push: every engine stops its running generations where they are (they continue after it)."""
+        self._on_every_engine("pause_generation", "retract")
+
+    def continue_generation(self) -> None:
+        self._on_every_engine("continue_generation")
+
+    def set_policy_version(self, version: int) -> None:
+        """The engines serve `version` now: the stream may admit the groups it allows."""
+        self.stream.set_policy_version(version)
 
     def evaluate(self, examples: int = 0) -> tuple[dict[str, float], list[dict]]:
         """Greedy decoding of every eval set; the reward's numeric keys (EM, F1, ...) per data source, search rate,
@@ -207,10 +241,13 @@ class RolloutManager:
         return list(self.engines.worker_urls)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"data": self.source.state_dict()}
+        """The data position; with a stream running, the prompts it took and the trainer has not trained on are
+        given back (a resumed run generates them again)."""
+        return {"data": self.stream.data_state() if self.stream is not None else self.source.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.source.load_state_dict(state["data"])
 
     def shutdown(self) -> None:
+        self.stop_stream()
         self.engines.stop()

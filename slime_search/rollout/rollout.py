@@ -125,20 +125,23 @@ async def generate_rollout(
             kept.append(list(group))
         if not config.filter_zero_std:
             break
-    samples = [s for g in kept for s in g]
+    return kept, batch_metrics(kept, dropped, config.reward_key)
+
+
+def batch_metrics(groups: list[list[Sample]], dropped: int, reward_key: str) -> dict[str, float]:
+    """Groups kept and dropped, failures, truncations, mean reward and response length of a batch."""
+    samples = [s for g in groups for s in g]
     metrics = {
-        "rollout/groups": float(len(kept)),
+        "rollout/groups": float(len(groups)),
         "rollout/groups_dropped_zero_std": float(dropped),
         "rollout/failed": float(sum(s.status is Status.FAILED for s in samples)),
         "rollout/truncated": float(sum(s.status is Status.TRUNCATED for s in samples)),
     }
     trainable = [s for s in samples if s.trainable]
     if trainable:
-        metrics["rollout/reward_mean"] = sum(reward_value(s.reward, config.reward_key) for s in trainable) / len(
-            trainable
-        )
+        metrics["rollout/reward_mean"] = sum(reward_value(s.reward, reward_key) for s in trainable) / len(trainable)
         metrics["rollout/response_length_mean"] = sum(s.response_length for s in trainable) / len(trainable)
-    return kept, metrics
+    return metrics
 
 
 def assign_advantages(samples: list[Sample], reward_key: str, normalize_std: bool = True) -> list[Sample]:

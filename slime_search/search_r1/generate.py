@@ -183,6 +183,7 @@ class Turn:
 
     ids: list[int]
     log_probs: list[float]
+    versions: list[int]  # the weight version that generated each id (a turn can span a weight push)
     text: str
     action: str | None
     content: str
@@ -195,20 +196,39 @@ def first_closing_tag_end(text: str) -> int | None:
     return min(ends) if ends else None
 
 
-def read_turn(tokenizer, ids: list[int], log_probs: list[float], finish_reason: dict) -> Turn:
+def output_versions(meta: dict, count: int) -> list[int]:
+    """The weight version of each of the `count` output tokens: SGLang's `weight_versions` spans ({"version", "start",
+    "end"}: a generation that lived through a weight push names each version's tokens), else `weight_version` for all.
+    A version that is not a number (a scripted engine's name) reads as -1."""
+
+    def number(version) -> int:
+        return int(version) if str(version).isdigit() else -1
+
+    spans = meta.get("weight_versions") or []
+    if not spans:
+        return [number(meta.get("weight_version", ""))] * count
+    versions = [-1] * count
+    for span in spans:
+        for i in range(max(0, int(span["start"])), min(count, int(span["end"]))):
+            versions[i] = number(span["version"])
+    return versions
+
+
+def read_turn(tokenizer, ids: list[int], log_probs: list[float], finish_reason: dict, versions=None) -> Turn:
     """The turn's tokens up to the one that completes its first closing tag (engines stop there already: this only
     trims an engine that ignored the stop strings) and the text Search-R1 would read of them."""
+    versions = list(versions) if versions is not None else [-1] * len(ids)
     text = tokenizer.decode(ids, skip_special_tokens=True)
     tag_end = first_closing_tag_end(text)
     if tag_end is not None:
         keep = len(ids)
         while keep > 1 and first_closing_tag_end(tokenizer.decode(ids[: keep - 1], skip_special_tokens=True)):
             keep -= 1
-        ids, log_probs, text = ids[:keep], log_probs[:keep], text[:tag_end]
+        ids, log_probs, versions, text = ids[:keep], log_probs[:keep], versions[:keep], text[:tag_end]
     matched = finish_reason.get("matched")
     end_token = isinstance(matched, int) and bool(ids) and ids[-1] == matched
     action, content = parse_action(text)
-    return Turn(ids, log_probs, text, action, content, end_token)
+    return Turn(ids, log_probs, versions, text, action, content, end_token)
 
 
 def without_end_token(turn: Turn) -> Turn:
@@ -216,7 +236,7 @@ def without_end_token(turn: Turn) -> Turn:
     trajectory that continues never has an end-of-sequence token in its middle."""
     if not turn.end_token:
         return turn
-    return Turn(turn.ids[:-1], turn.log_probs[:-1], turn.text, turn.action, turn.content, False)
+    return Turn(turn.ids[:-1], turn.log_probs[:-1], turn.versions[:-1], turn.text, turn.action, turn.content, False)
 
 
 async def run_trajectory(
@@ -245,12 +265,15 @@ async def run_trajectory(
         meta = out["meta_info"]
         reason = meta["finish_reason"]
         log_probs = [float(lp) for lp, _, _ in meta["output_token_logprobs"]]
-        turn = read_turn(tokenizer, [int(i) for i in out["output_ids"]], log_probs, reason)
+        ids = [int(i) for i in out["output_ids"]]
+        turn = read_turn(tokenizer, ids, log_probs, reason, output_versions(meta, len(ids)))
         final = turn_index >= config.max_turns  # the answer-only turn: no more searches
         goes_on = turn.action is None and not final and not config.end_on_no_action and reason["type"] != "abort"
         if goes_on:
             turn = without_end_token(turn)
-        sample.append_response_tokens(turn.ids, generated=True, log_probs=turn.log_probs, text=turn.text)
+        sample.append_response_tokens(
+            turn.ids, generated=True, log_probs=turn.log_probs, text=turn.text, versions=turn.versions
+        )
         sample.weight_versions.append(str(meta.get("weight_version", "")))
         metrics["turns"] += 1
         if reason["type"] == "abort":

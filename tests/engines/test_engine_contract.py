@@ -245,6 +245,55 @@ def test_abort_ends_a_running_generation_with_an_abort_finish_reason(engine):
     assert meta["finish_reason"]["message"] in ("Aborted", "Abort in waiting queue")
 
 
+def test_a_generation_retracted_by_a_pause_goes_on_under_the_pushed_weights_and_names_each_tokens_version(
+    engine, tiny_checkpoint, other_checkpoint
+):
+    """What partial rollouts rely on: pause (retract) while a generation runs, update the weights, continue. The one
+    answer holds every token, `weight_versions` says which version generated which, and each token's log-prob is that
+    version's, conditioned on everything before it (the continuation is prefilled again under the new weights)."""
+    result = {}
+
+    def long_request():
+        sampling = {"max_new_tokens": 1000, "ignore_eos": True, "temperature": 1.0}
+        result["out"] = generate(engine, sampling_params=sampling, return_logprob=True)
+
+    worker = threading.Thread(target=long_request)
+    worker.start()
+    time.sleep(1.0)  # the request is decoding (1000 tokens take several seconds on either engine here)
+    paused = httpx.post(f"{engine}/pause_generation", json={"mode": "retract"}, timeout=60)
+    assert paused.status_code == 200 and paused.json() == {"message": "Generation paused successfully.", "status": "ok"}
+    update = {"model_path": str(other_checkpoint), "weight_version": "1"}
+    assert httpx.post(f"{engine}/update_weights_from_disk", json=update, timeout=300).json()["success"]
+    resumed = httpx.post(f"{engine}/continue_generation", json={}, timeout=60)
+    assert resumed.status_code == 200 and resumed.json()["status"] == "ok"
+    worker.join(timeout=600)
+
+    out = result["out"]
+    meta = out["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 1000} and len(out["output_ids"]) == 1000
+    spans = meta["weight_versions"]
+    assert [span["version"] for span in spans] == ["0", "1"] and meta["weight_version"] == "1"
+    cut = spans[0]["end"]
+    assert spans == [{"version": "0", "start": 0, "end": cut}, {"version": "1", "start": cut, "end": 1000}]
+    assert 0 < cut < 1000 and meta["num_retractions"] >= 1
+    served = served_log_probs(out)
+    before = hf_log_probs(tiny_checkpoint, PROMPT, out["output_ids"][:cut])
+    after = hf_log_probs(other_checkpoint, PROMPT, out["output_ids"])[cut:]
+    assert max_difference(served[:cut], before) < 1e-4 and max_difference(served[cut:], after) < 1e-4
+
+
+def test_a_pause_holds_new_generations_until_continue(engine):
+    assert httpx.post(f"{engine}/pause_generation", json={"mode": "retract"}, timeout=60).status_code == 200
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(out=generate(engine, sampling_params={"max_new_tokens": 2})))
+    worker.start()
+    worker.join(timeout=3)
+    assert worker.is_alive() and not result  # waiting while paused
+    assert httpx.post(f"{engine}/continue_generation", json={}, timeout=60).status_code == 200
+    worker.join(timeout=300)
+    assert result["out"]["meta_info"]["completion_tokens"] == 2
+
+
 @pytest.mark.parametrize(
     "body,error",
     [

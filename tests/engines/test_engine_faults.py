@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from slime_search.engines.client import EngineClient, EngineClientConfig, EngineError
-from slime_search.rollout.manager import check_engines_served, rollout_metrics
+from slime_search.rollout.sample_metrics import check_engines_served, rollout_metrics
 from slime_search.search_r1.config import search_r1_args
 from slime_search.search_r1.generate import close_resources, generate
 from slime_search.search_r1.prompt import make_prompt

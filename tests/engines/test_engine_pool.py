@@ -114,7 +114,7 @@ def test_an_engine_killed_mid_rollout_costs_no_trajectory_and_comes_back_with_th
     (its turns move to the live engine), the dead engine is found, started on its own address, and then serves the
     weight version pushed to all engines."""
     from slime_search.engines.deployment import EngineConfig, start_engines
-    from slime_search.rollout.manager import rollout_metrics
+    from slime_search.rollout.sample_metrics import rollout_metrics
     from slime_search.search_r1.config import search_r1_args
     from slime_search.search_r1.generate import close_resources, generate, session_for
     from slime_search.search_r1.prompt import make_prompt

@@ -65,3 +65,39 @@ def test_router_registers_both_engines_spreads_requests_and_flushes_them(tiny_ch
         assert result["out"]["meta_info"]["finish_reason"]["type"] == "abort"
     finally:
         deployment.stop()
+
+
+def test_a_dead_engine_leaves_the_router_and_returns_to_it_once_restarted(tiny_checkpoint, tmp_path):
+    """The real router in front of two CPU engine servers (which it takes as SGLang workers). Killed, the engine the
+    router's cache-aware policy sends a prompt to gets that prompt answered 500; restarting it takes it out of the
+    router's rotation while it comes back, and registers it again."""
+    from slime_search.engines.deployment import EngineConfig, Engines, start_engines
+    from slime_search.engines.sglang_launch import register_all, start_router, worker_ids
+    from slime_search.weight_sync.disk import update_engines_from_disk
+
+    python = sglang_cpu.python()
+    cpu = start_engines(EngineConfig(str(tiny_checkpoint), cpu_engines=2, health_timeout_s=10), tmp_path)
+    router = start_router("127.0.0.1", 0, env={"PYTHONPATH": str(sglang_cpu.SHIMS)}, python=python)
+    engines = Engines(router.url, cpu.worker_urls, cpu.slots, router, health_timeout_s=10)
+    try:
+        register_all(router, engines.worker_urls)
+        for url, version in zip(engines.worker_urls, ("a", "b"), strict=True):  # an answer names its engine
+            asyncio.run(update_engines_from_disk([url], str(tiny_checkpoint), version))
+
+        def generate() -> httpx.Response:
+            body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}}
+            return httpx.post(f"{router.url}/generate", json=body, timeout=60)
+
+        chosen = generate().json()["meta_info"]["weight_version"]
+        victim = engines.worker_urls["ab".index(chosen)]
+        engines.slots[victim].process.proc.kill()
+        engines.slots[victim].process.proc.wait()
+        assert generate().status_code == 500  # the router keeps the prompt on its engine, which is dead
+        assert engines.find_down() == [victim]
+        engines.restart([victim])
+        assert victim not in worker_ids(router.url)  # out of the rotation while it starts
+        assert engines.wait_restarted() == [victim]
+        assert victim in registered_workers(router.url) and engines.find_down() == []
+        assert generate().status_code == 200
+    finally:
+        engines.stop()

@@ -80,7 +80,7 @@ def test_phase_clock_splits_a_step_into_consecutive_phases(monkeypatch):
 
 
 def test_rollout_metrics_describe_search_behaviour_and_refuse_mixed_weight_versions():
-    from slime_search.rollout.manager import rollout_metrics
+    from slime_search.rollout.sample_metrics import rollout_metrics
 
     a, b = Sample(), Sample(metadata={"finish_reason": "search_error"})
     a.metrics.update(turns=3, searches=2, search_latency_s=0.5, invalid_actions=1, obs_truncations=1)

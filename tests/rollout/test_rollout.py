@@ -42,6 +42,24 @@ def test_resume_continues_where_it_stopped_across_epochs():
     assert item.label == {"style": "rule", "ground_truth": {"target": ["a3"]}} and item.metadata["data_source"] == "nq"
 
 
+def test_prompts_given_back_at_a_checkpoint_are_served_first_after_the_resume():
+    """A checkpoint taken while rollouts are in flight gives their prompts back: the resumed run takes exactly the
+    prompts the interrupted one had not trained on, those first, and then goes on where it stopped."""
+    source = DataSource(DataConfig(path="mem", shuffle=True, seed=5), rows=ROWS)
+    trained = [p.index for p in source.take(3)]
+    in_flight = [p.index for p in source.take(4)]  # taken, not trained on when the checkpoint is written
+    state = source.state_dict(given_back=in_flight)
+    later = [p.index for p in source.take(5)]
+    resumed = DataSource(DataConfig(path="mem", shuffle=True, seed=5), rows=ROWS)
+    resumed.load_state_dict(state)
+    again = [p.index for p in resumed.take(9)]
+    assert again == in_flight + later and not set(again[:4]) & set(trained)
+    assert resumed.state_dict()["given_back"] == []
+    old = DataSource(DataConfig(path="mem", shuffle=True, seed=5), rows=ROWS)
+    old.load_state_dict({"epoch": 0, "offset": 3})  # a checkpoint from before prompts were given back
+    assert [p.index for p in old.take(4)] == in_flight
+
+
 def test_missing_keys_name_the_flags():
     with pytest.raises(KeyError, match="--input-key / --label-key"):
         DataSource(DataConfig(path="mem", input_key="question_text"), rows=ROWS)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from slime_search.rollout.evaluation import evaluate_samples
-from slime_search.rollout.manager import rollout_metrics
+from slime_search.rollout.sample_metrics import rollout_metrics
 from slime_search.search_r1.search_clients import SearchError, SerperClient, SerperConfig
 from slime_search.search_r1.serper_cache import CacheSettings, SerperCache, normalise_query
 from slime_search.types import Sample
