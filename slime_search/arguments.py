@@ -22,7 +22,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
     g.add_argument("--sglang-mem-fraction-static", type=float, default=0.8)
     g.add_argument("--sglang-router-port", type=int, default=0)
-    g.add_argument("--engine-url", default=None, help="use this running engine instead of starting one")
+    g.add_argument(
+        "--engine-url", default=None, help="use these running engines (URL[,URL...]) instead of starting any"
+    )
     g.add_argument("--engine-max-batch-size", type=int, default=32, help="CPU engine: sequences decoded together")
     g.add_argument("--cpu-engines", type=int, default=1, help="CPU engine servers on a machine without GPUs")
     g.add_argument(
@@ -95,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-temperature", type=float, default=1.0)
     g.add_argument("--rollout-top-p", type=float, default=1.0)
     g.add_argument("--over-sampling-filter-zero-std", action="store_true")
+    g.add_argument("--rollout-concurrency", type=int, default=256, help="trajectories generated at once, at most")
     g.add_argument(
         "--async-mode",
         choices=ASYNC_MODES,
@@ -304,6 +307,7 @@ def rollout_manager_config(args: argparse.Namespace, engines):
             batch_size=args.rollout_batch_size,
             n_samples_per_prompt=args.n_samples_per_prompt,
             filter_zero_std=args.over_sampling_filter_zero_std,
+            max_concurrency=args.rollout_concurrency,
             reward_key=args.reward_key,
             normalize_advantages_std=args.advantage_estimator == "grpo",
         ),

@@ -113,6 +113,47 @@ def shut_down(transport, manager, group, sink) -> None:
     sink.close()
 
 
+def run_steps(config, start: int, run, sink, group, manager, transport, colocation) -> None:
+    """Steps `start`.. of the run: rollout (as --async-mode schedules it) -> GRPO step -> weight push -> records;
+    eval every --eval-interval versions and checkpoints every --save-interval steps; the final eval."""
+    from slime_search.metrics import PhaseClock
+    from slime_search.rollout.schedule import create_schedule
+
+    rollouts = create_schedule(config.schedule, manager)
+    rollouts.start(start)
+    for step in range(start, config.num_rollout):
+        colocation.for_generation()
+        if config.eval_due(step):
+            evaluate(config, manager, sink, run, step)
+        clock = PhaseClock()
+        samples, metrics, shown = rollouts.next_batch(step, config.log_rollout_examples)
+        run.record_examples(step, "train", shown)
+        clock.mark("rollout")
+        restarted = restart_down_engines(config, manager)
+        metrics["engines/restarted"] = float(len(restarted))
+        clock.mark("engine_check")
+        colocation.for_training()
+        metrics.update(group.train(samples, config.steps_per_rollout))
+        clock.mark("train")
+        with rollouts.weight_push():  # one-step: the stream drains first; fully: the engines pause meanwhile
+            clock.mark("drain")
+            if restarted:
+                metrics["time/engine_restart_wait_s"] = engines_back(manager, transport)  # within sync_s
+            if transport is not None:
+                colocation.for_weight_push()
+                metrics["weight_version"] = int(transport.push(str(step + 1)))
+        rollouts.pushed(step + 1)
+        clock.mark("sync")
+        sink.log(step, {**metrics, **colocation.metrics(), **clock.times(), **trainer_idle(clock)})
+        if config.save_due(step + 1):
+            colocation.for_weight_push()  # the actor's state must be on its device
+            save(run, group, manager, step + 1, config.keep_checkpoints)
+    rollouts.stop()
+    if config.eval_due(config.num_rollout) and start <= config.num_rollout:
+        colocation.for_generation()
+        evaluate(config, manager, sink, run, config.num_rollout)
+
+
 def main(argv: list[str] | None = None) -> int:
     from slime_search.arguments import parse_args
 
@@ -123,12 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoConfig
 
     from slime_search.arguments import check_model_flags, run_config
-    from slime_search.metrics import MetricsSink, PhaseClock
+    from slime_search.metrics import MetricsSink
     from slime_search.ray.colocation import Colocation
     from slime_search.ray.placement import create_rollout_manager
     from slime_search.ray.train_group import RayTrainGroup
     from slime_search.report import render_report
-    from slime_search.rollout.schedule import create_schedule
     from slime_search.run_folder import RunFolder
     from slime_search.weight_sync.transports import create_transport
 
@@ -153,39 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             transport = create_transport(config.weight_sync, group, ray.get(manager.worker_urls.remote()))
             transport.connect()
         start = resume(config, run, group, manager, transport, sink, colocation)
-        rollouts = create_schedule(config.schedule, manager)
-        rollouts.start(start)
-        for step in range(start, config.num_rollout):
-            colocation.for_generation()
-            if config.eval_due(step):
-                evaluate(config, manager, sink, run, step)
-            clock = PhaseClock()
-            samples, metrics, shown = rollouts.next_batch(step, config.log_rollout_examples)
-            run.record_examples(step, "train", shown)
-            clock.mark("rollout")
-            restarted = restart_down_engines(config, manager)
-            metrics["engines/restarted"] = float(len(restarted))
-            clock.mark("engine_check")
-            colocation.for_training()
-            metrics.update(group.train(samples, config.steps_per_rollout))
-            clock.mark("train")
-            with rollouts.weight_push():  # one-step: the stream drains first; fully: the engines pause meanwhile
-                clock.mark("drain")
-                if restarted:
-                    metrics["time/engine_restart_wait_s"] = engines_back(manager, transport)  # within sync_s
-                if transport is not None:
-                    colocation.for_weight_push()
-                    metrics["weight_version"] = int(transport.push(str(step + 1)))
-            rollouts.pushed(step + 1)
-            clock.mark("sync")
-            sink.log(step, {**metrics, **colocation.metrics(), **clock.times(), **trainer_idle(clock)})
-            if config.save_due(step + 1):
-                colocation.for_weight_push()  # the actor's state must be on its device
-                save(run, group, manager, step + 1, config.keep_checkpoints)
-        rollouts.stop()
-        if config.eval_due(config.num_rollout) and start <= config.num_rollout:
-            colocation.for_generation()
-            evaluate(config, manager, sink, run, config.num_rollout)
+        run_steps(config, start, run, sink, group, manager, transport, colocation)
         logger.info("report: %s", render_report(run.path))
     finally:
         shut_down(transport, manager, group, sink)

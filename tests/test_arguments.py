@@ -132,3 +132,27 @@ def test_the_3b_run_script_keeps_the_retriever_off_the_training_gpus():
     assert "CUDA_VISIBLE_DEVICES= " in on_cpu and "--faiss-gpu" not in on_cpu  # no GPU at all by default
     own_gpu = retriever_line(RETRIEVER_GPUS="7", ROLLOUT_GPUS="2")
     assert "CUDA_VISIBLE_DEVICES=7 " in own_gpu and own_gpu.endswith("--faiss-gpu --fp16")
+
+
+def test_async_modes_are_refused_where_generation_cannot_overlap_training():
+    from slime_search.arguments import run_config
+    from slime_search.rollout.schedule import ScheduleConfig
+
+    assert run_config(parse("--async-mode", "fully"), 100, use_gpu=False).schedule == ScheduleConfig("fully", 2)
+    assert ScheduleConfig("one-step", 5).staleness == 1 and ScheduleConfig("fully", 3).staleness == 3
+    with pytest.raises(SystemExit, match="engines on GPUs of their own"):
+        parse("--async-mode", "one-step", "--colocate")
+    with pytest.raises(SystemExit, match="applies to RL"):
+        parse("--async-mode", "fully", "--loss-type", "sft")
+    with pytest.raises(SystemExit, match="--max-staleness must be >= 1"):
+        parse("--async-mode", "fully", "--max-staleness", "0")
+    with pytest.raises(SystemExit):  # argparse lists the modes
+        parse("--async-mode", "sometimes")
+
+
+def test_several_running_engines_are_given_by_address():
+    from slime_search.engines.deployment import EngineConfig, start_engines
+
+    engines = start_engines(EngineConfig("ckpt", engine_url="http://a:1, http://b:2"), log_dir=".")
+    assert engines.url == "http://a:1" and engines.worker_urls == ["http://a:1", "http://b:2"]
+    assert engines.find_down() == [] and engines.slots == {}  # engines given by address are never restarted

@@ -8,14 +8,11 @@
 # 4. SFT warm start on a scripted demonstrator that searches only part of the time and guesses otherwise
 # 5. GRPO with search from that start, evaluated on held-out questions (greedy), and the report
 # The script starts the retriever and the demonstrator, and stops exactly those when it ends (by PID).
+# Run again with the same RUN_DIR, it skips the phases already complete (each leaves a .done mark): with RL_NAME and
+# RL_ARGS a second RL run starts from the same SFT weights, e.g.
+#    RL_NAME=rl-fully RL_ARGS="--async-mode fully --max-staleness 2" bash examples/search-r1/run_miniature_cpu.sh
 set -euo pipefail
 export PYTHONUNBUFFERED=1
-# The reading pre-training's loss drops late and abruptly, and where it lands depends on float rounding: on an
-# AVX-512 machine torch's AVX-512 kernels round differently, and with seed 0 the copy-from-passage skill had not
-# formed after 600 steps (loss 0.17; with AVX2 kernels 0.05 at step 200). AVX2 kernels, which every x86-64 machine
-# of this kind has, reproduce the recorded run everywhere. Set ATEN_CPU_CAPABILITY=default to use the machine's own.
-export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2}
-
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
 REPO_ROOT="$(cd -- "${SCRIPT_DIR}/../.." && pwd)"
 source "${SCRIPT_DIR}/common.sh"
@@ -26,7 +23,7 @@ PEOPLE=${PEOPLE:-800}
 COMPANIES=${COMPANIES:-200}
 HELDOUT=${HELDOUT:-64}
 SEARCH_PROB=${SEARCH_PROB:-0.4}
-PRETRAIN_STEPS=${PRETRAIN_STEPS:-200}
+PRETRAIN_STEPS=${PRETRAIN_STEPS:-800}  # at most: it stops once the reading skills formed
 SFT_STEPS=${SFT_STEPS:-100}
 SFT_BATCH=${SFT_BATCH:-32}
 SFT_LR=${SFT_LR:-2e-3}
@@ -34,18 +31,36 @@ RL_STEPS=${RL_STEPS:-20}
 RL_PROMPTS=${RL_PROMPTS:-8}
 RL_SAMPLES=${RL_SAMPLES:-8}
 RL_LR=${RL_LR:-1e-3}
+RL_NAME=${RL_NAME:-rl}
+read -r -a RL_EXTRA <<<"${RL_ARGS:-}"
 EVAL_INTERVAL=${EVAL_INTERVAL:-5}
 RETRIEVER_PORT=${RETRIEVER_PORT:-8790}
 DEMO_PORT=${DEMO_PORT:-8791}
 POLICY_ARGS=(--hidden-size "${HIDDEN_SIZE:-128}" --num-layers "${NUM_LAYERS:-2}" --num-heads 4 --intermediate-size 384)
 
+done_mark() {  # done_mark PHASE: whether PHASE completed in an earlier run of this RUN_DIR
+   [[ -f "${RUN_DIR}/.done-$1" ]]
+}
+mark_done() {
+   touch "${RUN_DIR}/.done-$1"
+}
+
 mkdir -p "${RUN_DIR}"
-python3 -m slime_search.miniature.task --out "${RUN_DIR}/task" --seed "${SEED}" \
-   --people "${PEOPLE}" --companies "${COMPANIES}" --heldout-limit "${HELDOUT}"
-python3 -m slime_search.miniature.policy --task "${RUN_DIR}/task" --out "${RUN_DIR}/policy" \
-   --seed "${SEED}" --vocab-size 8192 "${POLICY_ARGS[@]}" --pretrain-steps "${PRETRAIN_STEPS}"
-python3 "${REPO_ROOT}/local_dense_retriever/build_index.py" --retriever-name bm25 \
-   --corpus-path "${RUN_DIR}/task/corpus.jsonl" --save-dir "${RUN_DIR}/index"
+if ! done_mark task; then
+   python3 -m slime_search.miniature.task --out "${RUN_DIR}/task" --seed "${SEED}" \
+      --people "${PEOPLE}" --companies "${COMPANIES}" --heldout-limit "${HELDOUT}"
+   mark_done task
+fi
+if ! done_mark policy; then
+   python3 -m slime_search.miniature.policy --task "${RUN_DIR}/task" --out "${RUN_DIR}/policy" \
+      --seed "${SEED}" --vocab-size 8192 "${POLICY_ARGS[@]}" --pretrain-steps "${PRETRAIN_STEPS}"
+   mark_done policy
+fi
+if ! done_mark index; then
+   python3 "${REPO_ROOT}/local_dense_retriever/build_index.py" --retriever-name bm25 \
+      --corpus-path "${RUN_DIR}/task/corpus.jsonl" --save-dir "${RUN_DIR}/index"
+   mark_done index
+fi
 
 start_retriever "${RETRIEVER_PORT}" "${RUN_DIR}/retriever.log" --retriever-name bm25 \
    --index-path "${RUN_DIR}/index/bm25" --corpus-path "${RUN_DIR}/task/corpus.jsonl" --topk 1
@@ -73,26 +88,29 @@ COMMON_ARGS=(
 )
 
 # SFT warm start: the demonstrator plays the engine; the policy learns its format (loss on generated tokens)
-python3 -m slime_search.miniature.demonstrator --tokenizer "${RUN_DIR}/policy" --seed "${SEED}" \
-   --search-prob "${SEARCH_PROB}" --port "${DEMO_PORT}" >"${RUN_DIR}/demonstrator.log" 2>&1 &
-DEMO_PID=$!
-STARTED_PIDS+=("${DEMO_PID}")
-wait_http "http://127.0.0.1:${DEMO_PORT}/health" 60 "${DEMO_PID}"
-run_driver python3 "${REPO_ROOT}/train.py" "${COMMON_ARGS[@]}" "${SEARCH_ARGS[@]}" \
-   --save "${RUN_DIR}/sft" --engine-url "http://127.0.0.1:${DEMO_PORT}" --loss-type sft \
-   --num-rollout "${SFT_STEPS}" --rollout-batch-size "${SFT_BATCH}" --n-samples-per-prompt 1 \
-   --lr "${SFT_LR}" --lr-warmup-iters 5 --rollout-temperature 1.0
+if ! done_mark sft; then
+   python3 -m slime_search.miniature.demonstrator --tokenizer "${RUN_DIR}/policy" --seed "${SEED}" \
+      --search-prob "${SEARCH_PROB}" --port "${DEMO_PORT}" >"${RUN_DIR}/demonstrator.log" 2>&1 &
+   DEMO_PID=$!
+   STARTED_PIDS+=("${DEMO_PID}")
+   wait_http "http://127.0.0.1:${DEMO_PORT}/health" 60 "${DEMO_PID}"
+   run_driver python3 "${REPO_ROOT}/train.py" "${COMMON_ARGS[@]}" "${SEARCH_ARGS[@]}" \
+      --save "${RUN_DIR}/sft" --engine-url "http://127.0.0.1:${DEMO_PORT}" --loss-type sft \
+      --num-rollout "${SFT_STEPS}" --rollout-batch-size "${SFT_BATCH}" --n-samples-per-prompt 1 \
+      --lr "${SFT_LR}" --lr-warmup-iters 5 --rollout-temperature 1.0
+   mark_done sft
+fi
 
 # GRPO with search from the SFT weights, evaluated on held-out questions
 run_driver python3 "${REPO_ROOT}/train.py" "${COMMON_ARGS[@]}" "${SEARCH_ARGS[@]}" \
-   --save "${RUN_DIR}/rl" --load "${RUN_DIR}/sft/checkpoints" \
+   --save "${RUN_DIR}/${RL_NAME}" --load "${RUN_DIR}/sft/checkpoints" \
    --num-rollout "${RL_STEPS}" --rollout-batch-size "${RL_PROMPTS}" --n-samples-per-prompt "${RL_SAMPLES}" \
    --advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 --use-tis --lr "${RL_LR}" \
    --eval-prompt-data heldout "${RUN_DIR}/task/heldout.parquet" --eval-interval "${EVAL_INTERVAL}" \
-   --log-rollout-examples 6
+   --log-rollout-examples 6 "${RL_EXTRA[@]}"
 
-python3 -m slime_search.report "${RUN_DIR}/rl"
-python3 - "${RUN_DIR}/rl/metrics.jsonl" <<'PY'
+python3 -m slime_search.report "${RUN_DIR}/${RL_NAME}"
+python3 - "${RUN_DIR}/${RL_NAME}/metrics.jsonl" <<'PY'
 import json, sys
 records = [json.loads(line) for line in open(sys.argv[1])]
 evals = [r for r in records if "eval/em" in r]

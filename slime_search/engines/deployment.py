@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: str  # HF folder the engines load (weights, tokenizer)
-    engine_url: str | None = None  # use this running engine instead of starting any
+    engine_url: str | None = None  # use these running engines (comma-separated addresses) instead of starting any
     num_gpus: int = 0  # SGLang engines on this many GPUs; 0: CPU engine servers
     gpus_per_engine: int = 1
     mem_fraction_static: float = 0.8
@@ -181,9 +181,10 @@ def start_sglang_engines(config: EngineConfig, gpu_ids: list[str] | None) -> Eng
 
 def start_engines(config: EngineConfig, log_dir: Path, gpu_ids: list[str] | None = None) -> Engines:
     """SGLang engines + router on the GPUs Ray gave this process or, colocated, on the actor's GPUs (`gpu_ids`, in
-    actor rank order); else CPU engine servers; or nothing, when `config.engine_url` names a running engine."""
+    actor rank order); else CPU engine servers; or nothing, when `config.engine_url` names running engines."""
     if config.engine_url:
-        return Engines(config.engine_url, [config.engine_url])
+        urls = [url.strip() for url in config.engine_url.split(",") if url.strip()]
+        return Engines(urls[0], urls)
     if config.num_gpus:
         return start_sglang_engines(config, gpu_ids)
     return start_cpu_engines(config, log_dir)

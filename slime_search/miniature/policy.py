@@ -92,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     # tell "the token 5 back" from "a token 100 back" and never learns to read an answer out of a passage
     parser.add_argument("--rope-theta", type=float, default=10_000.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--pretrain-steps", type=int, default=0, help="reading pre-training steps (0: none)")
+    parser.add_argument("--pretrain-steps", type=int, default=0, help="reading pre-training steps at most (0: none)")
+    parser.add_argument(
+        "--pretrain-target-loss", type=float, default=PretrainConfig.target_loss, help="stop pre-training below it"
+    )
     parser.add_argument("--pretrain-lr", type=float, default=PretrainConfig.lr)
     parser.add_argument("--pretrain-batch-size", type=int, default=PretrainConfig.batch_size)
     args = parser.parse_args(argv)
@@ -106,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     pretrain = PretrainConfig(
-        steps=args.pretrain_steps, batch_size=args.pretrain_batch_size, lr=args.pretrain_lr, seed=args.seed
+        steps=args.pretrain_steps,
+        target_loss=args.pretrain_target_loss,
+        batch_size=args.pretrain_batch_size,
+        lr=args.pretrain_lr,
+        seed=args.seed,
     )
     print(build_policy(args.task, args.out, config, args.vocab_size, pretrain))
     return 0

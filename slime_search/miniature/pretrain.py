@@ -10,7 +10,10 @@ learns them on short documents (~60-100 tokens) in the trajectory format, writte
     \\n\\n<answer> C </answer>
 
 A quarter of each batch puts the same trajectories under Search-R1's whole instruction prompt, so that the
-instruction is familiar context by the time SFT starts. The loss covers the written tokens except the first one,
+instruction is familiar context by the time SFT starts. Half of the documents read a counterfactual passage, the
+birthplace replaced by any word of the task's names (`counterfactual_passages`): with 16 cities, guessing one costs
+only 2.8 nats an answer, and on some machines' kernels the policy settled there (loss ~0.16, birthplaces never read);
+with ~100 candidates the only way down is to copy the word after "born in", which the real cities then reuse. The loss covers the written tokens except the first one,
 the decision to search or answer, so pre-training teaches how to search and read, never whether to: that prior
 comes from the demonstrations (SFT) and is corrected by RL.
 RoPE offsets are relative, so the copy heads learnt here work unchanged inside the full prompt.
@@ -27,9 +30,11 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    steps: int = 200
+    steps: int = 800  # at most
+    target_loss: float = 0.05  # stop once the mean loss of the last `window` steps is below this
+    window: int = 20
     batch_size: int = 32
-    lr: float = 6e-3
+    lr: float = 3e-3
     warmup_steps: int = 10
     max_obs_tokens: int = 96  # as the run's --max-obs-tokens
     full_prompt_fraction: float = 0.25  # documents under Search-R1's whole instruction prompt
@@ -80,6 +85,24 @@ def reading_document(
     raise ValueError(f"the demonstrator did not answer {question!r} within three turns")
 
 
+def counterfactual_passages(passages: dict[str, dict], seed: int) -> dict[str, dict]:
+    """The passages with every birthplace replaced by a word drawn from all the words of the task's names and cities
+    (one draw per passage, seeded). Founder passages are unchanged: a founder is already one of 1,600 names."""
+    born = re.compile(r"^(.* was born in )(\w+)(\.)$", re.DOTALL)
+    words = sorted(
+        {w for title in passages for w in title.split()}
+        | {m.group(2) for d in passages.values() if (m := born.match(d["contents"]))}
+    )
+    rng = random.Random(seed)
+    swapped = {}
+    for title, doc in passages.items():
+        match = born.match(doc["contents"])
+        if match:
+            doc = {**doc, "contents": f"{match.group(1)}{rng.choice(words)}{match.group(3)}"}
+        swapped[title] = doc
+    return swapped
+
+
 def training_questions(task_dir: Path) -> list[str]:
     from slime_search.rollout.data_source import load_rows
 
@@ -89,10 +112,12 @@ def training_questions(task_dir: Path) -> list[str]:
 def pretrain(
     model, documents: list[Document], config: PretrainConfig, log=print, long_documents: list[Document] | None = None
 ) -> list[float]:
-    """Next-token loss on the documents' masked tokens, AdamW with linear warm-up; returns the loss per step.
+    """Next-token loss on the documents' masked tokens, AdamW with linear warm-up, until the loss of the last steps
+    is below the target (where the copy skills have formed; when that happens depends on the machine's float rounding)
+    or the step budget is spent; returns the loss per step.
 
-    A `full_prompt_fraction` of each batch comes from `long_documents` (the same trajectories under the whole
-    instruction prompt), so the instruction's words are familiar context, not noise, when SFT starts.
+        A `full_prompt_fraction` of each batch comes from `long_documents` (the same trajectories under the whole
+        instruction prompt), so the instruction's words are familiar context, not noise, when SFT starts.
     """
     import torch
 
@@ -122,8 +147,15 @@ def pretrain(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
-        if step % 50 == 49 or step == config.steps - 1:
+        recent = losses[-config.window :]
+        reached = len(recent) == config.window and sum(recent) / len(recent) < config.target_loss
+        if step % 50 == 49 or step == config.steps - 1 or reached:
             log(f"pre-training step {step + 1}/{config.steps}: loss {losses[-1]:.4f}")
+        if reached:
+            log(
+                f"pre-training reached mean loss {sum(recent) / len(recent):.4f} < {config.target_loss} at step {step + 1}"
+            )
+            break
     model.eval()
     return losses
 
@@ -131,7 +163,9 @@ def pretrain(
 def pretrain_on_task(model, tokenizer, task_dir: str | Path, config: PretrainConfig, log=print) -> list[float]:
     task_dir = Path(task_dir)
     passages = passages_by_title(task_dir / "corpus.jsonl")
+    swapped = counterfactual_passages(passages, config.seed)
     questions = training_questions(task_dir)
     documents = [reading_document(q, tokenizer, passages, config.max_obs_tokens) for q in questions]
+    documents += [reading_document(q, tokenizer, swapped, config.max_obs_tokens) for q in questions]
     long_documents = [reading_document(q, tokenizer, passages, config.max_obs_tokens, True) for q in questions]
     return pretrain(model, documents, config, log, long_documents)

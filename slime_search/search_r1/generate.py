@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -71,8 +72,18 @@ def observation_ids(tokenizer, docs: list[dict], cap: int) -> tuple[list[int], b
     return open_ids + body[:room] + close_ids, True
 
 
-@functools.lru_cache(maxsize=8)
+# One tokenizer load at a time: the first `from transformers import ...` of two threads at once (an evaluation beside
+# the asynchronous rollout stream) can fail in transformers' lazy module ("cannot import name 'AutoTokenizer'").
+_TOKENIZER_LOCK = threading.Lock()
+
+
 def load_tokenizer(path: str):
+    with _TOKENIZER_LOCK:
+        return _load_tokenizer(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)

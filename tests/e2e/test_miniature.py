@@ -251,3 +251,38 @@ def test_pretraining_lowers_the_reading_loss(miniature):
     losses = pretrain_on_task(model, tokenizer, miniature / "task", config, log=lambda line: None)
     assert len(losses) == 30 and sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5, losses
     assert not model.training
+
+
+def test_pretraining_stops_once_its_loss_is_below_the_target(miniature):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from slime_search.miniature.pretrain import PretrainConfig, pretrain_on_task
+
+    tokenizer = AutoTokenizer.from_pretrained(miniature / "policy")
+    model = AutoModelForCausalLM.from_pretrained(miniature / "policy")
+    logged = []
+    # a target every 5-step mean of a fresh model beats (its loss starts near ln(vocab) = 8.3)
+    config = PretrainConfig(steps=30, batch_size=4, target_loss=50.0, window=5, seed=0)
+    losses = pretrain_on_task(model, tokenizer, miniature / "task", config, log=logged.append)
+    assert len(losses) == 5 and "reached mean loss" in logged[-1]
+    unreachable = PretrainConfig(steps=7, batch_size=4, target_loss=0.0, window=5, seed=0)
+    assert len(pretrain_on_task(model, tokenizer, miniature / "task", unreachable, log=lambda line: None)) == 7
+
+
+def test_counterfactual_passages_change_every_birthplace_and_nothing_else(miniature):
+    from slime_search.miniature.pretrain import counterfactual_passages, passages_by_title
+
+    passages = passages_by_title(miniature / "task" / "corpus.jsonl")
+    swapped = counterfactual_passages(passages, seed=0)
+    assert swapped == counterfactual_passages(passages, seed=0) and swapped != counterfactual_passages(passages, 1)
+    born = [t for t, d in passages.items() if " was born in " in d["contents"]]
+    founded = [t for t, d in passages.items() if " was founded by " in d["contents"]]
+    assert born and founded and len(born) + len(founded) == len(passages)
+    assert all(swapped[t] == passages[t] for t in founded)
+    words = {w for title in passages for w in title.split()} | set(CITIES)
+    places = [swapped[t]["contents"].rsplit(" born in ", 1)[1].rstrip(".") for t in born]
+    assert set(places) <= words and len(set(places)) > 16  # far more candidates than the 16 real cities
+    assert all(
+        swapped[t]["contents"].rsplit(" born in ", 1)[0] == passages[t]["contents"].rsplit(" born in ", 1)[0]
+        for t in born
+    )

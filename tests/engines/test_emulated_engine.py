@@ -1,0 +1,96 @@
+"""The emulated engine of the overlap benchmark: recorded turns at the pace of its GPU model, prefix-cache hits,
+and a pause (retract) + weight push + continue that splits a generation between two versions, as SGLang does."""
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from slime_search.engines.emulated_engine import GpuTiming
+from slime_search.search_r1.prompt import make_prompt
+from slime_search.utils.server_process import ServerProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+LONG_TURN = "<think> " + "the red otter lives by the river " * 20 + "</think> <answer> the valley </answer>"
+
+
+def test_decode_step_time_follows_the_gpu_model_between_and_beyond_its_points():
+    timing = GpuTiming(itl=((1, 0.002), (8, 0.004), (64, 0.011)))
+    assert timing.step_s(1) == 0.002 and timing.step_s(8) == 0.004
+    assert timing.step_s(36) == pytest.approx(0.004 + 0.007 * 28 / 56)
+    assert timing.step_s(120) == pytest.approx(0.011 + 0.007 * 56 / 56)  # the last slope, extended
+    assert GpuTiming().step_s(512) == pytest.approx(47.41e-3 * 0.4, rel=1e-3)  # ML.Energy's 8B point, scaled to 3B
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint, tmp_path_factory):
+    path = tmp_path_factory.mktemp("traj") / "t.jsonl"
+    rows = [{"question": "where does the red otter live", "response": LONG_TURN}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    timing = json.dumps({"itl": [[1, 0.01], [1024, 0.01]], "push_s": 0.2})  # 10 ms a token, whatever the batch
+    argv = ["-m", "slime_search.engines.emulated_engine", "--tokenizer", str(tiny_checkpoint), "--port", "0"]
+    with ServerProcess([*argv, "--trajectories", str(path), "--timing", timing]) as process:
+        yield process.url
+
+
+def prompt_ids(tiny_checkpoint) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    messages = [{"role": "user", "content": make_prompt("where does the red otter live")}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def generate(url: str, ids: list[int]) -> dict:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 500, "stop": ["</answer>"]}, "return_logprob": True}
+    response = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_recorded_turn_takes_its_tokens_times_the_step_time(engine, tiny_checkpoint):
+    ids = prompt_ids(tiny_checkpoint)
+    started = time.monotonic()
+    out = generate(engine, ids)
+    elapsed = time.monotonic() - started
+    n = len(out["output_ids"])
+    assert out["text"].endswith("</answer>") and out["meta_info"]["finish_reason"]["matched"] == "</answer>"
+    assert n > 100 and n * 0.01 <= elapsed < n * 0.01 + 2.0
+    state = httpx.get(f"{engine}/server_info").json()["internal_states"][0]
+    assert state["decoded_tokens"] >= n and state["busy_s"] >= n * 0.01
+
+
+def test_a_pause_and_a_push_split_a_generation_between_two_versions(engine, tiny_checkpoint):
+    ids = prompt_ids(tiny_checkpoint)
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(out=generate(engine, ids)))
+    worker.start()
+    time.sleep(0.4)  # about 40 of its 100+ tokens decoded
+    assert httpx.post(f"{engine}/pause_generation", json={"mode": "retract"}).json()["status"] == "ok"
+    version = httpx.get(f"{engine}/model_info").json()["weight_version"]
+    pushed = str(int(version) + 1)
+    answer = httpx.post(f"{engine}/update_weights_from_disk", json={"model_path": "-", "weight_version": pushed})
+    assert answer.json()["success"] and httpx.get(f"{engine}/model_info").json()["weight_version"] == pushed
+    httpx.post(f"{engine}/continue_generation", json={})
+    worker.join(timeout=60)
+    meta = result["out"]["meta_info"]
+    n = len(result["out"]["output_ids"])
+    spans = meta["weight_versions"]
+    assert [s["version"] for s in spans] == [version, pushed] and meta["weight_version"] == pushed
+    assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == n
+    assert 10 < spans[0]["end"] < n - 10
+
+
+def test_an_unknown_question_is_refused(engine):
+    response = httpx.post(f"{engine}/generate", json={"input_ids": [1, 2, 3], "sampling_params": {}}, timeout=30)
+    assert response.status_code == 400
+
+
+def test_nothing_left_running_after_the_tests(engine):
+    state = asyncio.run(asyncio.to_thread(lambda: httpx.get(f"{engine}/server_info").json()))["internal_states"][0]
+    assert state["running"] == 0 and state["waiting"] == 0
