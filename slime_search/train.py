@@ -79,16 +79,19 @@ def restart_down_engines(config, manager) -> list[str]:
     return ray.get(manager.restart_down_engines.remote())
 
 
-def engines_back(manager, transport) -> float:
-    """Before the push: wait for the restarted engines, which take the weights with the others; returns the wait."""
+def engines_back(manager, transport) -> list[str]:
+    """Before the push: wait for the restarted engines and pause them, so that no trajectory reaches one before it
+    holds the current weights (a stream of groups keeps its clients, which retry an engine marked down after a
+    while); they take the push with the others and continue after it."""
     import ray
 
-    started = time.perf_counter()
     back = ray.get(manager.wait_restarted_engines.remote())
-    if back and transport is not None:
-        transport.reconnect()
-    logger.warning("engines %s are back; they take the next weight push", back)
-    return time.perf_counter() - started
+    if back:
+        ray.get(manager.pause_generation.remote(back))
+        if transport is not None:
+            transport.reconnect()
+        logger.warning("engines %s are back; they take the next weight push", back)
+    return back
 
 
 def trainer_idle(clock) -> dict[str, float]:
@@ -116,6 +119,8 @@ def shut_down(transport, manager, group, sink) -> None:
 def run_steps(config, start: int, run, sink, group, manager, transport, colocation) -> None:
     """Steps `start`.. of the run: rollout (as --async-mode schedules it) -> GRPO step -> weight push -> records;
     eval every --eval-interval versions and checkpoints every --save-interval steps; the final eval."""
+    import ray
+
     from slime_search.metrics import PhaseClock
     from slime_search.rollout.schedule import create_schedule
 
@@ -135,13 +140,15 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
         colocation.for_training()
         metrics.update(group.train(samples, config.steps_per_rollout))
         clock.mark("train")
+        back = engines_back(manager, transport) if restarted else []
+        clock.mark("engine_restart_wait")
         with rollouts.weight_push():  # one-step: the stream drains first; fully: the engines pause meanwhile
             clock.mark("drain")
-            if restarted:
-                metrics["time/engine_restart_wait_s"] = engines_back(manager, transport)  # within sync_s
             if transport is not None:
                 colocation.for_weight_push()
                 metrics["weight_version"] = int(transport.push(str(step + 1)))
+        if back:
+            ray.get(manager.continue_generation.remote(back))
         rollouts.pushed(step + 1)
         clock.mark("sync")
         sink.log(step, {**metrics, **colocation.metrics(), **clock.times(), **trainer_idle(clock)})

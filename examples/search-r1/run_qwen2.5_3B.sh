@@ -7,6 +7,7 @@
 # runs a short validation (docs/gpu.md).
 # COLOCATE=1 puts the SGLang engines on the actor's GPUs instead (memory handed over between phases, weights by
 # CUDA IPC); then ROLLOUT_GPUS is unused and ACTOR_GPUS=8 uses the whole node.
+# ASYNC_MODE=one-step|fully overlaps generation with training (not with COLOCATE=1); MAX_STALENESS bounds fully.
 # The retriever never shares a GPU with training: by default it encodes and searches on the CPU (use the HNSW index,
 # RETRIEVER_INDEX=indexes/e5_HNSW64.index, unless the node has the cores for a 21M-vector flat search); with
 # RETRIEVER_GPUS=ID[,ID] it takes those GPUs, which Ray then does not hand out (they must come after the
@@ -29,6 +30,8 @@ RETRIEVER_PORT=${RETRIEVER_PORT:-8000}
 RAY_PORT=${RAY_PORT:-6380}
 USE_TIS=${USE_TIS:-0}
 COLOCATE=${COLOCATE:-0}
+ASYNC_MODE=${ASYNC_MODE:-off}
+MAX_STALENESS=${MAX_STALENESS:-2}
 NUM_ROLLOUT=${NUM_ROLLOUT:-1000}
 RETRIEVER_GPUS=${RETRIEVER_GPUS:-}
 RETRIEVER_INDEX=${RETRIEVER_INDEX:-${INDEX_DIR}/e5_Flat.index}
@@ -102,6 +105,7 @@ if [[ "${COLOCATE}" == "1" ]]; then
 else
    SGLANG_ARGS+=(--rollout-num-gpus "${ROLLOUT_GPUS}" --sglang-mem-fraction-static 0.7)
 fi
+SGLANG_ARGS+=(--async-mode "${ASYNC_MODE}" --max-staleness "${MAX_STALENESS}")
 
 CUSTOM_ARGS=(
    --custom-generate-function-path slime_search.search_r1.generate.generate

@@ -21,11 +21,15 @@ import argparse
 import asyncio
 import bisect
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
 
 from slime_search.engines.replay_engine import OBSERVATION_MARKERS, script_from_trajectories, turn_response
+from slime_search.search_r1.prompt import normalize_question
+
+QUESTION = re.compile(r"Question: (.*?\?)\n")
 
 # Qwen2.5-3B on one H100 80GB (SGLang, bf16): inter-token latency by running requests. Measured curve of Llama-3.1-8B
 # on one H100 (vLLM, bf16, ML.Energy leaderboard, ml-energy/leaderboard@0cd52dab public/data/tasks/lm-arena-chat.json:
@@ -60,6 +64,7 @@ class GpuTiming:
 @dataclass
 class Request:
     body: dict
+    question: str
     planned: dict  # the recorded turn as SGLang answers it (ids, finish reason), before any token is "decoded"
     context: int  # tokens the model conditions on when it joins (prompt + output so far)
     future: asyncio.Future
@@ -77,45 +82,39 @@ class EmulatedEngine:
         self.running: list[Request] = []
         self.paused = asyncio.Event()  # set while paused
         self.work = asyncio.Event()
-        self.cached: dict[int, int] = {}  # trajectory (hash of its first prompt) -> tokens in the prefix cache
-        self.prompt_lengths: set[int] = set()
+        self.cached: dict[str, set[int]] = {}  # question -> lengths of the sequences of its trajectories so far
         self.busy_s = 0.0  # emulated seconds spent decoding or prefilling
         self.decoded_tokens = 0
         self._next_step_at = 0.0  # loop time the current step ends (steps keep to the model, not to Python's pace)
 
     # ---- what a request says -----------------------------------------------------------------------------------
-    def plan(self, body: dict) -> dict:
-        prompt = self.tokenizer.decode(body["input_ids"])
-        turns = next((texts for key, texts in self.script.items() if key in prompt), None)
-        if turns is None:
+    def question_of(self, prompt: str) -> str:
+        """The recorded question the prompt asks (Search-R1's template ends with "Question: ...?")."""
+        match = QUESTION.search(prompt)
+        if match is None or match.group(1) not in self.script:
             raise KeyError("no recorded trajectory's question is in the prompt")
+        return match.group(1)
+
+    def plan(self, body: dict) -> tuple[str, dict]:
+        prompt = self.tokenizer.decode(body["input_ids"])
+        question = self.question_of(prompt)
+        turns = self.script[question]
         trajectory = prompt.rpartition("<|im_start|>assistant\n")[2]
         turn = sum(trajectory.count(marker) for marker in OBSERVATION_MARKERS)
         text = turns[min(turn, len(turns) - 1)]
-        return turn_response(self.tokenizer, text, body, weight_version=self.version, log_prob=lambda i: -0.5)
+        planned = turn_response(self.tokenizer, text, body, weight_version=self.version, log_prob=lambda i: -0.5)
+        return question, planned
 
-    def cached_tokens(self, input_ids: list[int]) -> int:
-        """Prefix-cache hit of a request: its trajectory's earlier context (the first prompt identifies it)."""
-        for length in self.prompt_lengths:
-            if length <= len(input_ids):
-                key = hash(tuple(input_ids[:length]))
-                if key in self.cached:
-                    return min(self.cached[key], len(input_ids))
-        return 0
-
-    def remember(self, input_ids: list[int], total: int) -> None:
-        for length in self.prompt_lengths:
-            if length <= len(input_ids) and hash(tuple(input_ids[:length])) in self.cached:
-                self.cached[hash(tuple(input_ids[:length]))] = total
-                return
-        self.prompt_lengths.add(len(input_ids))
-        self.cached[hash(tuple(input_ids))] = total
+    def cached_tokens(self, question: str, length: int) -> int:
+        """The prefix-cache hit of a request: its trajectory's earlier context, taken as the longest earlier sequence
+        (prompt + output) of the same question no longer than this prompt (the question's samples share the prompt)."""
+        return max((n for n in self.cached.get(question, ()) if n <= length), default=0)
 
     async def generate(self, body: dict) -> dict:
         while self.paused.is_set():
             await asyncio.sleep(0.01 * self.timing.time_scale)
-        planned = self.plan(body)
-        request = Request(body, planned, len(body["input_ids"]), asyncio.get_running_loop().create_future())
+        question, planned = self.plan(body)
+        request = Request(body, question, planned, len(body["input_ids"]), asyncio.get_running_loop().create_future())
         self.waiting.append(request)
         self.work.set()
         return await request.future
@@ -140,8 +139,8 @@ class EmulatedEngine:
         tokens = 0
         while self.waiting and len(self.running) < self.timing.max_running:
             request = self.waiting.pop(0)
-            ids = request.body["input_ids"]
-            tokens += max(0, request.context - (self.cached_tokens(ids) if request.produced == 0 else 0))
+            cached = self.cached_tokens(request.question, request.context) if request.produced == 0 else 0
+            tokens += max(0, request.context - cached)
             if not request.versions or request.versions[-1][0] != self.version:
                 request.versions.append((self.version, request.produced))
             self.running.append(request)
@@ -167,8 +166,7 @@ class EmulatedEngine:
         ]
         meta["weight_versions"] = spans or [{"version": self.version, "start": 0, "end": 0}]
         meta["weight_version"] = meta["weight_versions"][-1]["version"]
-        ids = request.body["input_ids"]
-        self.remember(ids, len(ids) + len(out["output_ids"]))
+        self.cached.setdefault(request.question, set()).add(len(request.body["input_ids"]) + len(out["output_ids"]))
         if not request.future.done():
             request.future.set_result(out)
 
@@ -273,9 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-running", type=int, default=1024)
     parser.add_argument("--timing", default=None, help="JSON GpuTiming fields to override")
     args = parser.parse_args(argv)
-    script = {}
+    script = {}  # keyed as the prompt states the question
     for path in args.trajectories:
-        script.update(script_from_trajectories(path))
+        script.update({normalize_question(q): turns for q, turns in script_from_trajectories(path).items()})
     overrides = json.loads(args.timing) if args.timing else {}
     if "itl" in overrides:
         overrides["itl"] = tuple(tuple(point) for point in overrides["itl"])

@@ -10,14 +10,16 @@ before; a timeout then is final (a frozen engine would cost the bound again).
 
 SGLang's router is not in this path: with its health checks off (which a colocated engine needs), it keeps sending
 requests to a dead engine and answers 500 for each (measured: 8 of 8 after one of two engines was killed), and its
-cache-aware policy sent every short prompt of a test to one engine. Engines the manager restarts come back on their
-own address; `mark_up` returns them to the pool.
+cache-aware policy sent every short prompt of a test to one engine. An engine marked down is tried again after
+`retry_down_after_s` (a pool can outlive a rollout: the asynchronous stream keeps one), since the manager restarts a
+dead engine on its own address; `mark_up` returns one at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,6 +33,7 @@ class PoolConfig:
     timeout_s: float = 600.0  # one request, end to end (--engine-timeout)
     retries: int = 2  # attempts after the first, on this engine or another (--engine-retries)
     backoff_s: float = 0.5  # before re-sending to the same engine; doubled each time
+    retry_down_after_s: float = 30.0  # an engine marked down is tried again after this long
 
 
 class EnginePool:
@@ -44,19 +47,23 @@ class EnginePool:
         base = EngineClientConfig("", timeout_s=config.timeout_s, generate_retries=0)
         self.clients = {url: EngineClient(replace(base, base_url=url)) for url in self.urls}
         self.in_flight = dict.fromkeys(self.urls, 0)
-        self.down: dict[str, str] = {}  # engine -> why it was marked down
+        self.down: dict[str, tuple[str, float]] = {}  # engine -> why it was marked down, and when
         self.failovers = 0  # requests moved to another engine after a fault
 
     def route(self) -> Route:
         return Route(self)
 
+    def is_down(self, url: str) -> bool:
+        marked = self.down.get(url)
+        return marked is not None and time.monotonic() - marked[1] < self.config.retry_down_after_s
+
     def live(self) -> list[str]:
-        return [url for url in self.urls if url not in self.down]
+        return [url for url in self.urls if not self.is_down(url)]
 
     def mark_down(self, url: str, reason: str) -> None:
-        if url not in self.down:
+        if not self.is_down(url):
             logger.warning("engine %s marked down: %s", url, reason)
-            self.down[url] = reason
+        self.down[url] = (reason, time.monotonic())
 
     def mark_up(self, url: str) -> None:
         self.down.pop(url, None)
@@ -105,7 +112,7 @@ class Route:
         self.failovers = 0  # times this trajectory moved to another engine after a fault
 
     def engine(self) -> str:
-        if self.url is None or self.url in self.pool.down:
+        if self.url is None or self.pool.is_down(self.url):
             # no live engine left: try the one it had (it may be back), else the first
             self.url = self.pool.least_loaded() or self.url or self.pool.urls[0]
         return self.url

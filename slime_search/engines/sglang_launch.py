@@ -145,22 +145,15 @@ def remove_worker(router_url: str, worker_url: str) -> None:
         raise RuntimeError(f"router {router_url} kept worker {worker_url}: HTTP {response.status_code} {response.text}")
 
 
-def wait_unregistered(router_url: str, worker_url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while worker_url in worker_ids(router_url):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"router {router_url} still lists {worker_url}")
-        time.sleep(0.2)
-
-
 def engine_process(
     spec: SGLangEngineSpec,
     timeout_s: float = 900.0,
     env: dict[str, str] | None = None,
     python: str | None = None,
-    wait: bool = False,
+    log_path=None,
 ) -> ServerProcess:
-    """One engine on its own address; ready once /health_generate (a real one-token generation) answers."""
+    """One engine on its own address, started and not waited for: `wait_ready()` returns once /health_generate (a
+    real one-token generation) answers."""
     return ServerProcess(
         spec.command(),
         health_path="/health_generate",
@@ -168,7 +161,8 @@ def engine_process(
         url=spec.url,
         env=env,
         python=python,
-        wait=wait,
+        wait=False,
+        log_path=log_path,
     )
 
 

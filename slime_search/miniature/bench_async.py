@@ -1,7 +1,7 @@
 """Learning under asynchronous training, measured on the CPU miniature: the same SFT start per seed, then GRPO with
 --async-mode off, one-step and fully; held-out EM per run and its difference from the synchronous run of the seed.
 
-    python -m slime_search.miniature.bench_async --out runs/async --seeds 0 1 2 --max-staleness 2
+    python -m slime_search.miniature.bench_async --out runs/async --seeds 0 1 2 --max-staleness 2 [--rl-lr 5e-4]
 
 Each seed's task, policy, index and SFT checkpoint are made once (examples/search-r1/run_miniature_cpu.sh skips the
 phases a run folder already holds); each mode is an RL run of its own from those weights (RUN/seedS/rl-MODE). A run
@@ -30,8 +30,12 @@ def complete(run: Path, steps: int) -> bool:
     return any(r.get("step") == steps and "eval/em" in r for r in records(run))
 
 
-def run_mode(out: Path, seed: int, mode: str, max_staleness: int, steps: int) -> Path:
-    run = out / f"seed{seed}" / f"rl-{mode}"
+def run_name(mode: str, lr: str | None) -> str:
+    return f"rl-{mode}" + (f"-lr{lr}" if lr else "")
+
+
+def run_mode(out: Path, seed: int, mode: str, max_staleness: int, steps: int, lr: str | None = None) -> Path:
+    run = out / f"seed{seed}" / run_name(mode, lr)
     if complete(run, steps):
         return run
     flags = f"--async-mode {mode}" + (f" --max-staleness {max_staleness}" if mode == "fully" else "")
@@ -39,11 +43,12 @@ def run_mode(out: Path, seed: int, mode: str, max_staleness: int, steps: int) ->
         **os.environ,
         "RUN_DIR": str(out / f"seed{seed}"),
         "SEED": str(seed),
-        "RL_NAME": f"rl-{mode}",
+        "RL_NAME": run_name(mode, lr),
         "RL_ARGS": flags,
         "RL_STEPS": str(steps),
+        **({"RL_LR": lr} if lr else {}),
     }
-    log = out / f"seed{seed}" / f"rl-{mode}.log"
+    log = out / f"seed{seed}" / f"{run_name(mode, lr)}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as handle:
         subprocess.run(["bash", str(SCRIPT)], env=env, stdout=handle, stderr=subprocess.STDOUT, check=True)
@@ -101,12 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rl-lr", default=None, help="GRPO learning rate (default: the script's, 1e-3)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     results = {}
     for seed in args.seeds:
         for mode in args.modes:
-            run = run_mode(out, seed, mode, args.max_staleness, args.steps)
+            run = run_mode(out, seed, mode, args.max_staleness, args.steps, args.rl_lr)
             results[(seed, mode)] = summary(run)
             print(f"seed {seed} {mode}: {json.dumps(results[(seed, mode)])}", flush=True)
     if set(args.modes) == set(MODES):

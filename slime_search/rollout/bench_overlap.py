@@ -126,7 +126,8 @@ def run_mode(mode: str, args, engine_urls: list[str], retriever_url: str, prompt
     ]  # fmt: skip
     parsed = parse_args(flags)
     config = run_config(parsed, vocab_size=151936, use_gpu=False)
-    group = TimedTrainGroup(ActorTiming(gpus=args.actor_gpus, time_scale=args.time_scale))
+    timing = ActorTiming(args.actor_gpu_seconds_per_sample, args.actor_gpus, args.time_scale)
+    group = TimedTrainGroup(timing)
     run = RunFolder(run_dir)
     sink = MetricsSink(run.path, False, "bench", None, config={})
     manager = create_rollout_manager(config.rollout, parsed, group, colocate=False)
@@ -183,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=int, default=1, help="emulated SGLang engines, one H100 each")
     parser.add_argument("--actor-gpus", type=int, default=7, help="H100s of the emulated actor")
+    parser.add_argument(
+        "--actor-gpu-seconds-per-sample",
+        type=float,
+        default=ActorTiming.seconds_per_sample_gpu,
+        help="the actor's cost per sample (default: SkyRL's documented 3B Megatron step); other values for a sweep",
+    )
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8)

@@ -188,12 +188,13 @@ class RolloutManager:
         """Wait until no group is being generated (one-step: before a push, so no trajectory spans two versions)."""
         self.stream.drain()
 
-    def pause_generation(self) -> None:
-        """Before a push: every engine stops its running generations where they are (they continue after it)."""
-        self._on_every_engine("pause_generation", "retract")
+    def pause_generation(self, urls: list[str] | None = None) -> None:
+        """Before a push: every engine (or those of `urls`) stops its running generations where they are; they
+        continue after it. New requests wait meanwhile."""
+        self._on_every_engine("pause_generation", "retract", urls=urls)
 
-    def continue_generation(self) -> None:
-        self._on_every_engine("continue_generation")
+    def continue_generation(self, urls: list[str] | None = None) -> None:
+        self._on_every_engine("continue_generation", urls=urls)
 
     def set_policy_version(self, version: int) -> None:
         """The engines serve `version` now: the stream may admit the groups it allows."""
@@ -219,12 +220,13 @@ class RolloutManager:
     def resume_memory(self, tags: list[str] | None = None) -> None:
         self._on_every_engine("resume_memory", tags)
 
-    def _on_every_engine(self, method: str, *args) -> None:
+    def _on_every_engine(self, method: str, *args, urls: list[str] | None = None) -> None:
         # Module-level coroutines, not async methods: an async method would turn the RolloutManager into an async
         # Ray actor, whose synchronous methods could not run their own event loops.
         from slime_search.engines.client import call_engine, on_every_engine
 
-        asyncio.run(on_every_engine(self.engines.worker_urls, lambda url: call_engine(url, method, *args)))
+        targets = self.engines.worker_urls if urls is None else urls
+        asyncio.run(on_every_engine(targets, lambda url: call_engine(url, method, *args)))
 
     def restart_down_engines(self) -> list[str]:
         """Start again every engine that has died or stopped answering (not waited for); returns their addresses."""

@@ -12,6 +12,18 @@ from tests.e2e.test_train_e2e import prepare_task
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
+def sglang_train_command(engine_url: str, checkpoint, tmp_path, retriever_url: str, *flags: str) -> list[str]:
+    """`train.py` on the tiny policy against a running engine, with `flags` added."""
+    return [
+        sys.executable, "-m", "slime_search.train",
+        "--hf-checkpoint", str(checkpoint), "--save", str(tmp_path / "run"), "--engine-url", engine_url,
+        "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--max-turns", "1",
+        "--search-url", f"{retriever_url}/retrieve", "--lr", "1e-2", "--update-weight-buffer-size", str(1 << 20),
+        *flags,
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("transport", ["disk", "nccl", "tensor"])
 def test_grpo_steps_with_sglang_serving_each_pushed_version(transport, sglang_engine, tiny_checkpoint, tmp_path):
     import subprocess
@@ -20,16 +32,13 @@ def test_grpo_steps_with_sglang_serving_each_pushed_version(transport, sglang_en
     retriever_args = prepare_task(tmp_path)
     run = tmp_path / "run"
     with RetrievalServerProcess(*retriever_args) as retriever:
-        command = [
-            sys.executable, "-m", "slime_search.train",
-            "--hf-checkpoint", str(tiny_checkpoint), "--save", str(run), "--engine-url", sglang_engine.url,
-            "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template",
-            "--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
-            "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.001",
+        command = sglang_train_command(
+            sglang_engine.url, tiny_checkpoint, tmp_path, retriever.url,
+            "--num-rollout", "2", "--rollout-max-response-len", "8", "--max-response-tokens", "24",
+            "--use-kl-loss", "--kl-loss-coef", "0.001",
             "--entropy-coef", "0.01",  # the policy moves even when every group's rewards tie
-            "--update-weight-transport", transport, "--update-weight-buffer-size", str(1 << 20),
-        ]  # fmt: skip
+            "--update-weight-transport", transport,
+        )  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -40,3 +49,27 @@ def test_grpo_steps_with_sglang_serving_each_pushed_version(transport, sglang_en
     # same log-probs to its tokens, although the policy already moved away from the reference (KL > 0)
     diffs, kls = [r["train/train_rollout_logprob_abs_diff"] for r in train], [r["train/kl_loss"] for r in train]
     assert max(diffs) < 1e-3 and kls[1] > 100 * max(diffs), (diffs, kls)
+
+
+def test_fully_asynchronous_grpo_pauses_sglang_for_each_broadcast(sglang_engine, tiny_checkpoint, tmp_path):
+    """--async-mode fully with real SGLang: each push pauses the engine (retract), broadcasts inside SGLang's
+    weight-update session (its last bucket flushes the cache, which SGLang allows only with no running request) and
+    continues it; every batch is at most two versions old, and every token names the version that generated it."""
+    import subprocess
+
+    sglang_engine.reset()
+    retriever_args = prepare_task(tmp_path)
+    run = tmp_path / "run"
+    with RetrievalServerProcess(*retriever_args) as retriever:
+        command = sglang_train_command(
+            sglang_engine.url, tiny_checkpoint, tmp_path, retriever.url,
+            "--num-rollout", "3", "--rollout-max-response-len", "96", "--max-response-tokens", "192",
+            "--entropy-coef", "0.01", "--update-weight-transport", "nccl", "--async-mode", "fully", "--max-staleness", "2",
+        )  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "train/loss" in line]
+    assert [r["weight_version"] for r in train] == [1, 2, 3]
+    for step, record in enumerate(train):
+        lags = [int(k.rsplit("_", 1)[1]) for k in record if k.startswith("async/staleness_tokens_lag_")]
+        assert lags and all(0 <= lag <= step for lag in lags), record  # versions 0..step generated its batch

@@ -58,6 +58,16 @@ def test_a_dead_engine_costs_one_attempt_then_the_trajectory_moves_and_stays(fla
     assert list(pool.down) == [DEAD] and pool.live() == [flaky.url]
 
 
+def test_an_engine_marked_down_is_tried_again_after_a_while(flaky):
+    async def body(pool):
+        await pool.route().generate({}, [0, 0, 13])
+        assert pool.live() == [flaky.url]
+        await asyncio.sleep(0.25)
+        return pool.live()
+
+    assert run_pool([DEAD, flaky.url], body, retry_down_after_s=0.2) == [DEAD, flaky.url]
+
+
 def test_new_trajectories_spread_over_engines_and_keep_theirs(flaky):
     # one server under two addresses: two engines as far as the pool can tell
     other = flaky.url.replace("127.0.0.1", "localhost")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_search.engines.sglang_launch import SGLangEngineSpec
+from slime_search.engines.sglang_launch import SGLangEngineSpec, engine_process
 from slime_search.utils.server_process import ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -43,13 +43,6 @@ def engine_spec(model_path: str | Path, port: int, weight_version: str = "0") ->
 
 
 def start_engine(model_path: str | Path, port: int, log_path: Path | None = None) -> ServerProcess:
-    spec = engine_spec(model_path, port)
-    return ServerProcess(
-        spec.command(),
-        health_path="/health_generate",
-        timeout=START_TIMEOUT_S,
-        url=spec.url,
-        env=CPU_ENV,
-        python=python(),
-        log_path=log_path,
-    )
+    process = engine_process(engine_spec(model_path, port), START_TIMEOUT_S, CPU_ENV, python(), log_path=log_path)
+    process.wait_ready()
+    return process
