@@ -24,25 +24,29 @@ def sglang_train_command(engine_url: str, checkpoint, tmp_path, retriever_url: s
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("transport", ["disk", "nccl", "tensor"])
-def test_grpo_steps_with_sglang_serving_each_pushed_version(transport, sglang_engine, tiny_checkpoint, tmp_path):
+def train_against(sglang_engine, checkpoint, tmp_path, *flags: str) -> list[dict]:
+    """Run `train.py` against the shared SGLang engine (given back its start weights first); the per-step records."""
     import subprocess
 
     sglang_engine.reset()
     retriever_args = prepare_task(tmp_path)
-    run = tmp_path / "run"
     with RetrievalServerProcess(*retriever_args) as retriever:
-        command = sglang_train_command(
-            sglang_engine.url, tiny_checkpoint, tmp_path, retriever.url,
-            "--num-rollout", "2", "--rollout-max-response-len", "8", "--max-response-tokens", "24",
-            "--use-kl-loss", "--kl-loss-coef", "0.001",
-            "--entropy-coef", "0.01",  # the policy moves even when every group's rewards tie
-            "--update-weight-transport", transport,
-        )  # fmt: skip
+        command = sglang_train_command(sglang_engine.url, checkpoint, tmp_path, retriever.url, *flags)
         done = subprocess.run(command, capture_output=True, text=True, timeout=800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if "train/loss" in r]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if "train/loss" in record]
+
+
+@pytest.mark.parametrize("transport", ["disk", "nccl", "tensor"])
+def test_grpo_steps_with_sglang_serving_each_pushed_version(transport, sglang_engine, tiny_checkpoint, tmp_path):
+    train = train_against(
+        sglang_engine, tiny_checkpoint, tmp_path,
+        "--num-rollout", "2", "--rollout-max-response-len", "8", "--max-response-tokens", "24",
+        "--use-kl-loss", "--kl-loss-coef", "0.001",
+        "--entropy-coef", "0.01",  # the policy moves even when every group's rewards tie
+        "--update-weight-transport", transport,
+    )  # fmt: skip
     assert [r["weight_version"] for r in train] == [1, 2]  # what SGLang's /model_info served after each push
     assert [r["rollout/weight_version"] for r in train] == [0, 1]  # what its /generate reported
     # step 1's rollout was sampled by SGLang from the weights pushed after step 0: the trainer's forward gives the
@@ -54,21 +58,13 @@ def test_grpo_steps_with_sglang_serving_each_pushed_version(transport, sglang_en
 def test_fully_asynchronous_grpo_pauses_sglang_for_each_broadcast(sglang_engine, tiny_checkpoint, tmp_path):
     """--async-mode fully with real SGLang: each push pauses the engine (retract), broadcasts inside SGLang's
     weight-update session (its last bucket flushes the cache, which SGLang allows only with no running request) and
-    continues it; every batch is at most two versions old, and every token names the version that generated it."""
-    import subprocess
-
-    sglang_engine.reset()
-    retriever_args = prepare_task(tmp_path)
-    run = tmp_path / "run"
-    with RetrievalServerProcess(*retriever_args) as retriever:
-        command = sglang_train_command(
-            sglang_engine.url, tiny_checkpoint, tmp_path, retriever.url,
-            "--num-rollout", "3", "--rollout-max-response-len", "96", "--max-response-tokens", "192",
-            "--entropy-coef", "0.01", "--update-weight-transport", "nccl", "--async-mode", "fully", "--max-staleness", "2",
-        )  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=800)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "train/loss" in line]
+    continues it; every token of every batch names the version that generated it, none newer than the policy that
+    trains on it."""
+    train = train_against(
+        sglang_engine, tiny_checkpoint, tmp_path,
+        "--num-rollout", "3", "--rollout-max-response-len", "96", "--max-response-tokens", "192",
+        "--entropy-coef", "0.01", "--update-weight-transport", "nccl", "--async-mode", "fully", "--max-staleness", "2",
+    )  # fmt: skip
     assert [r["weight_version"] for r in train] == [1, 2, 3]
     for step, record in enumerate(train):
         lags = [int(k.rsplit("_", 1)[1]) for k in record if k.startswith("async/staleness_tokens_lag_")]
