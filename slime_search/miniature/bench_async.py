@@ -1,11 +1,17 @@
 """Learning under asynchronous training, measured on the CPU miniature: the same SFT start per seed, then GRPO with
 --async-mode off, one-step and fully; held-out EM per run and its difference from the synchronous run of the seed.
 
-    python -m slime_search.miniature.bench_async --out runs/async --seeds 0 1 2 --max-staleness 2 [--rl-lr 5e-4]
+    python -m slime_search.miniature.bench_async --out runs/async --seeds 0 1 2 --max-staleness 2 [--rl-lr 5e-4] \
+        [--wide-eval [--replicas 5]] [--modes one-step fully]
 
 Each seed's task, policy, index and SFT checkpoint are made once (examples/search-r1/run_miniature_cpu.sh skips the
 phases a run folder already holds); each mode is an RL run of its own from those weights (RUN/seedS/rl-MODE). A run
 already complete is read, not repeated. Prints a markdown table (docs/benchmarks/async.md records it).
+
+The runs' own evals use the task's first 64 held-out questions (one eval's standard error ~0.04); --wide-eval also
+evaluates each run's final weights, greedy, on every held-out question of the task (600: standard error ~0.012).
+--replicas N repeats every run with sampling seeds of its own, from the same SFT weights (RUN/seedS/rl-MODE-repR): how
+far two synchronous runs land apart is the yardstick for the modes' gap.
 """
 
 from __future__ import annotations
@@ -19,6 +25,13 @@ from pathlib import Path
 
 MODES = ("off", "one-step", "fully")
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "search-r1" / "run_miniature_cpu.sh"
+TASK_SIZE = {"people": 800, "companies": 200}  # the run script's PEOPLE and COMPANIES
+EVAL_FLAGS = [  # the run script's search settings: the final weights are evaluated as the runs' own evals are
+    "--search-topk", "1", "--max-turns", "2", "--max-obs-tokens", "96", "--max-response-tokens", "192",
+    "--rollout-max-response-len", "48", "--apply-chat-template",
+    "--custom-generate-function-path", "slime_search.search_r1.generate.generate",
+    "--custom-rm-path", "slime_search.search_r1.reward.reward_func",
+]  # fmt: skip
 
 
 def records(run: Path) -> list[dict]:
@@ -30,29 +43,87 @@ def complete(run: Path, steps: int) -> bool:
     return any(r.get("step") == steps and "eval/em" in r for r in records(run))
 
 
-def run_name(mode: str, lr: str | None) -> str:
-    return f"rl-{mode}" + (f"-lr{lr}" if lr else "")
+def run_name(mode: str, lr: str | None, replica: int = 0) -> str:
+    return f"rl-{mode}" + (f"-lr{lr}" if lr else "") + (f"-rep{replica}" if replica else "")
 
 
-def run_mode(out: Path, seed: int, mode: str, max_staleness: int, steps: int, lr: str | None = None) -> Path:
-    run = out / f"seed{seed}" / run_name(mode, lr)
+def replica_seed(seed: int, replica: int) -> int:
+    """The sampling and prompt-order seed of a replica: replica 0 is the seed's own run."""
+    return seed + 1000 * replica
+
+
+def mode_flags(mode: str, max_staleness: int) -> str:
+    return f"--async-mode {mode}" + (f" --max-staleness {max_staleness}" if mode == "fully" else "")
+
+
+def run_mode(
+    out: Path, seed: int, mode: str, max_staleness: int, steps: int, lr: str | None = None, replica: int = 0
+) -> Path:
+    """One GRPO run from the seed's SFT weights; a replica > 0 samples and orders prompts with a seed of its own."""
+    name = run_name(mode, lr, replica)
+    run = out / f"seed{seed}" / name
     if complete(run, steps):
         return run
-    flags = f"--async-mode {mode}" + (f" --max-staleness {max_staleness}" if mode == "fully" else "")
+    flags = mode_flags(mode, max_staleness)
+    if replica:
+        flags += f" --seed {replica_seed(seed, replica)} --rollout-seed {replica_seed(seed, replica)}"
     env = {
         **os.environ,
         "RUN_DIR": str(out / f"seed{seed}"),
         "SEED": str(seed),
-        "RL_NAME": run_name(mode, lr),
+        "RL_NAME": name,
         "RL_ARGS": flags,
         "RL_STEPS": str(steps),
         **({"RL_LR": lr} if lr else {}),
     }
-    log = out / f"seed{seed}" / f"{run_name(mode, lr)}.log"
+    log = out / f"seed{seed}" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as handle:
         subprocess.run(["bash", str(SCRIPT)], env=env, stdout=handle, stderr=subprocess.STDOUT, check=True)
     return run
+
+
+def write_all_heldout(seed_dir: Path, seed: int) -> Path:
+    """Every held-out question of the seed's task (the run script keeps its first 64), as a parquet file."""
+    from slime_search.miniature.task import make_task, write_task
+
+    out = seed_dir / "task-all-heldout"
+    if not (out / "heldout.parquet").is_file():
+        write_task(make_task(seed, TASK_SIZE["people"], TASK_SIZE["companies"]), out)
+    return out / "heldout.parquet"
+
+
+def eval_arguments(run: Path, steps: int, heldout: Path, search_url: str) -> list[str]:
+    """`slime_search.eval`'s arguments for the run's final weights on `heldout`, kept in RUN/wide_eval.json."""
+    return [
+        "--hf-checkpoint", str(run / "weights" / f"step_{steps}"), "--eval-prompt-data", "heldout", str(heldout),
+        "--search-url", search_url, "--output", str(run / "wide_eval.json"), *EVAL_FLAGS,
+    ]  # fmt: skip
+
+
+def wide_eval(run: Path, steps: int, heldout: Path, search_url: str) -> dict[str, float]:
+    """The run's final weights evaluated greedily on `heldout` (once: kept in RUN/wide_eval.json)."""
+    out = run / "wide_eval.json"
+    if not out.is_file():
+        command = [sys.executable, "-m", "slime_search.eval", *eval_arguments(run, steps, heldout, search_url)]
+        subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=True)
+    metrics = json.loads(out.read_text())
+    return {"wide_em": metrics["eval/em"], "wide_n": metrics["eval/n"]}
+
+
+def wide_evals(out: Path, seed: int, runs: dict[str, Path], steps: int) -> dict[str, dict[str, float]]:
+    """wide_eval of each mode's run of one seed, against the seed's own BM25 retriever."""
+    from local_dense_retriever.launch import RetrievalServerProcess
+
+    seed_dir = out / f"seed{seed}"
+    heldout = write_all_heldout(seed_dir, seed)
+    index = ("--retriever-name", "bm25", "--index-path", str(seed_dir / "index" / "bm25"), "--topk", "1")
+    with RetrievalServerProcess(*index, "--corpus-path", str(seed_dir / "task" / "corpus.jsonl")) as retriever:
+        return {mode: wide_eval(run, steps, heldout, f"{retriever.url}/retrieve") for mode, run in runs.items()}
+
+
+def standard_error(p: float, n: float) -> float:
+    return (p * (1.0 - p) / n) ** 0.5
 
 
 def summary(run: Path) -> dict[str, float]:
@@ -74,28 +145,65 @@ def summary(run: Path) -> dict[str, float]:
     }
 
 
-def table(results: dict[tuple[int, str], dict[str, float]], seeds: list[int]) -> str:
+def table(results: dict[tuple[int, str], dict[str, float]], seeds: list[int], modes: list[str]) -> str:
+    wide = all("wide_em" in r for r in results.values())
     lines = [
         "| seed | mode | held-out EM by version | end vs off | mean after start | vs off | search rate end | "
-        "mean step s | token lag mean | interrupted trajectories |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "mean step s | token lag mean | interrupted trajectories |"
+        + (" final EM, all held-out | vs off |" if wide else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if wide else ""),
     ]
     for seed in seeds:
         off = results[(seed, "off")]
-        for mode in MODES:
+        for mode in modes:
             r = results[(seed, mode)]
-            lines.append(
+            line = (
                 f"| {seed} | {mode} | {' / '.join(f'{em:.3f}' for em in r['em_curve'])} | "
                 f"{r['em_end'] - off['em_end']:+.3f} | {r['em_trained_mean']:.3f} | "
                 f"{r['em_trained_mean'] - off['em_trained_mean']:+.3f} | {r['search_rate_end']:.3f} | "
                 f"{r['step_s']:.2f} | {r['staleness_mean']:.2f} | {r['interrupted']:.0f} |"
             )
-    for mode in MODES:
+            if wide:
+                se = standard_error(r["wide_em"], r["wide_n"])
+                se_diff = (se**2 + standard_error(off["wide_em"], off["wide_n"]) ** 2) ** 0.5
+                line += f" {r['wide_em']:.3f} ± {se:.3f} | {r['wide_em'] - off['wide_em']:+.3f} ± {se_diff:.3f} |"
+            lines.append(line)
+    for mode in modes:
         ends = [results[(s, mode)]["em_end"] for s in seeds]
         means = [results[(s, mode)]["em_trained_mean"] for s in seeds]
-        lines.append(
-            f"| all seeds | {mode} | | end {sum(ends) / len(ends):.3f} | {sum(means) / len(means):.3f} | | | | | |"
-        )
+        line = f"| all seeds | {mode} | | end {sum(ends) / len(ends):.3f} | {sum(means) / len(means):.3f} | | | | | |"
+        if wide:
+            finals = [results[(s, mode)]["wide_em"] for s in seeds]
+            offs = [results[(s, "off")]["wide_em"] for s in seeds]
+            line += f" {sum(finals) / len(finals):.3f} | {(sum(finals) - sum(offs)) / len(finals):+.3f} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def signed(difference: float) -> str:
+    """A difference to three decimals, with no "-0.000" for one that is zero but for float rounding."""
+    return f"{round(difference, 9) + 0.0:+.3f}"
+
+
+def replica_table(finals: dict[tuple[int, str, int], float], seeds: list[int], replicas: int, modes: list[str]) -> str:
+    """Final EM on all held-out questions of every replica: how far runs of one mode spread against the modes' gap."""
+    lines = [
+        "| seed | mode | final EM per replica | mean | mean vs off | spread (max - min) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for seed in seeds:
+        off = sum(finals[(seed, "off", r)] for r in range(replicas)) / replicas
+        for mode in modes:
+            ems = [finals[(seed, mode, r)] for r in range(replicas)]
+            mean = sum(ems) / replicas
+            lines.append(
+                f"| {seed} | {mode} | {' / '.join(f'{em:.3f}' for em in ems)} | {mean:.3f} | {signed(mean - off)} | "
+                f"{max(ems) - min(ems):.3f} |"
+            )
+    for mode in modes:
+        mean = sum(finals[(s, mode, r)] for s in seeds for r in range(replicas)) / (len(seeds) * replicas)
+        off = sum(finals[(s, "off", r)] for s in seeds for r in range(replicas)) / (len(seeds) * replicas)
+        lines.append(f"| all seeds | {mode} | | {mean:.3f} | {signed(mean - off)} | |")
     return "\n".join(lines)
 
 
@@ -103,20 +211,39 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/async")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="off is always run")
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--rl-lr", default=None, help="GRPO learning rate (default: the script's, 1e-3)")
+    parser.add_argument("--rl-lr", default=None, help="GRPO learning rate (default: the run script's RL_LR)")
+    parser.add_argument(
+        "--wide-eval", action="store_true", help="also evaluate final weights on all held-out questions"
+    )
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="GRPO runs per seed and mode, each sampling with a seed of its own"
+    )
     args = parser.parse_args(argv)
+    args.modes = ["off", *(mode for mode in args.modes if mode != "off")]  # every mode is compared with off
+    if args.replicas > 1 and not args.wide_eval:
+        parser.error("--replicas compares final weights on all held-out questions: add --wide-eval")
     out = Path(args.out)
-    results = {}
+    results, finals = {}, {}
     for seed in args.seeds:
-        for mode in args.modes:
-            run = run_mode(out, seed, mode, args.max_staleness, args.steps, args.rl_lr)
-            results[(seed, mode)] = summary(run)
-            print(f"seed {seed} {mode}: {json.dumps(results[(seed, mode)])}", flush=True)
-    if set(args.modes) == set(MODES):
-        print(table(results, args.seeds))
+        for replica in range(args.replicas):
+            runs = {
+                mode: run_mode(out, seed, mode, args.max_staleness, args.steps, args.rl_lr, replica)
+                for mode in args.modes
+            }
+            wide = wide_evals(out, seed, runs, args.steps) if args.wide_eval else {}
+            for mode, run in runs.items():
+                finals[(seed, mode, replica)] = wide.get(mode, {}).get("wide_em")
+                if replica == 0:
+                    results[(seed, mode)] = {**summary(run), **wide.get(mode, {})}
+                print(
+                    f"seed {seed} {mode} replica {replica}: {json.dumps(summary(run) | wide.get(mode, {}))}", flush=True
+                )
+    print(table(results, args.seeds, args.modes))
+    if args.replicas > 1:
+        print(replica_table(finals, args.seeds, args.replicas, args.modes))
     return 0
 
 

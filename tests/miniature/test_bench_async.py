@@ -1,0 +1,81 @@
+"""The async learning benchmark's wide evaluation judges each run as the run script's own evals do: the same task,
+the same search settings; and its replica table's arithmetic."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from slime_search.miniature import bench_async
+from slime_search.miniature.task import make_task, write_task
+
+SCRIPT_TEXT = bench_async.SCRIPT.read_text()
+
+
+def script_default(name: str) -> str:
+    return re.search(rf"^{name}=\$\{{{name}:-([^}}]+)\}}", SCRIPT_TEXT, re.M).group(1)
+
+
+def test_all_held_out_questions_extend_the_run_scripts_held_out_file(tmp_path):
+    from slime_search.rollout.data_source import load_rows
+
+    script_size = {"people": int(script_default("PEOPLE")), "companies": int(script_default("COMPANIES"))}
+    assert script_size == bench_async.TASK_SIZE
+    seed = 1
+    limit = int(script_default("HELDOUT"))
+    script_task = write_task(make_task(seed, **bench_async.TASK_SIZE), tmp_path / "task", heldout_limit=limit)
+    everything = load_rows(bench_async.write_all_heldout(tmp_path, seed))
+    assert load_rows(script_task / "heldout.parquet") == everything[:limit] and len(everything) > 8 * limit
+
+
+def pairs(tokens: list[str]) -> dict[str, str | None]:
+    """flag -> value (None for a switch) of an argument list."""
+    out, flag = {}, None
+    for token in tokens:
+        if token.startswith("--"):
+            out[flag := token] = None
+        else:
+            out[flag] = token
+    return out
+
+
+def test_wide_eval_searches_as_the_runs_do(tmp_path):
+    from slime_search.eval import build_parser
+
+    block = re.search(r"^SEARCH_ARGS=\((.*?)^\)", SCRIPT_TEXT, re.M | re.S).group(1)
+    script_flags = pairs(shlex.split(block))
+    del script_flags["--search-url"]
+    assert pairs(bench_async.EVAL_FLAGS) == script_flags
+
+    arguments = bench_async.eval_arguments(tmp_path / "rl-off", 20, tmp_path / "h.parquet", "http://x/retrieve")
+    parsed = build_parser().parse_args(arguments)  # every flag is one slime_search.eval takes
+    assert parsed.hf_checkpoint == str(tmp_path / "rl-off" / "weights" / "step_20")
+    assert parsed.max_turns == 2 and parsed.search_topk == 1 and parsed.rollout_max_response_len == 48
+
+
+def test_replica_table_compares_each_mode_with_the_mean_of_synchronous_replicas():
+    finals = {
+        (0, "off", 0): 0.90, (0, "off", 1): 0.80,
+        (0, "one-step", 0): 0.86, (0, "one-step", 1): 0.84,
+        (0, "fully", 0): 0.70, (0, "fully", 1): 0.80,
+    }  # fmt: skip
+    rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:2]): line for line in
+            bench_async.replica_table(finals, [0], 2, ["off", "one-step", "fully"]).splitlines()}  # fmt: skip
+    assert "| 0.850 | +0.000 | 0.100 |" in rows[("0", "off")]
+    assert "| 0.850 | +0.000 | 0.020 |" in rows[("0", "one-step")]
+    assert "| 0.750 | -0.100 | 0.100 |" in rows[("0", "fully")]
+    assert "| 0.750 | -0.100 |" in rows[("all seeds", "fully")]
+
+
+@pytest.mark.parametrize(("p", "n", "expected"), [(0.5, 100, 0.05), (0.9, 600, 0.0122), (1.0, 600, 0.0)])
+def test_standard_error_of_an_exact_match_rate(p, n, expected):
+    assert bench_async.standard_error(p, n) == pytest.approx(expected, abs=1e-4)
+
+
+def test_replicas_sample_with_seeds_of_their_own():
+    assert bench_async.replica_seed(2, 0) == 2
+    assert len({bench_async.replica_seed(seed, r) for seed in range(3) for r in range(5)}) == 15
+    assert bench_async.run_name("fully", "5e-4", 0) == "rl-fully-lr5e-4"
+    assert bench_async.run_name("fully", "5e-4", 3) == "rl-fully-lr5e-4-rep3"
+    assert Path(bench_async.SCRIPT).is_file()
