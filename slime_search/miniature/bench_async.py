@@ -25,6 +25,7 @@ from pathlib import Path
 
 MODES = ("off", "one-step", "fully")
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "search-r1" / "run_miniature_cpu.sh"
+WIDE_EVAL = "wide_eval.json"  # in each run's folder: its final weights' metrics on all held-out questions
 TASK_SIZE = {"people": 800, "companies": 200}  # the run script's PEOPLE and COMPANIES
 EVAL_FLAGS = [  # the run script's search settings: the final weights are evaluated as the runs' own evals are
     "--search-topk", "1", "--max-turns", "2", "--max-obs-tokens", "96", "--max-response-tokens", "192",
@@ -52,27 +53,28 @@ def replica_seed(seed: int, replica: int) -> int:
     return seed + 1000 * replica
 
 
-def mode_flags(mode: str, max_staleness: int) -> str:
-    return f"--async-mode {mode}" + (f" --max-staleness {max_staleness}" if mode == "fully" else "")
+def run_flags(mode: str, max_staleness: int, seed: int, replica: int) -> str:
+    """train.py flags of one run (RL_ARGS); a replica > 0 samples and orders prompts with a seed of its own."""
+    flags = f"--async-mode {mode}" + (f" --max-staleness {max_staleness}" if mode == "fully" else "")
+    if replica:
+        flags += f" --seed {replica_seed(seed, replica)} --rollout-seed {replica_seed(seed, replica)}"
+    return flags
 
 
 def run_mode(
     out: Path, seed: int, mode: str, max_staleness: int, steps: int, lr: str | None = None, replica: int = 0
 ) -> Path:
-    """One GRPO run from the seed's SFT weights; a replica > 0 samples and orders prompts with a seed of its own."""
+    """One GRPO run from the seed's SFT weights (read, not repeated, when already complete)."""
     name = run_name(mode, lr, replica)
     run = out / f"seed{seed}" / name
     if complete(run, steps):
         return run
-    flags = mode_flags(mode, max_staleness)
-    if replica:
-        flags += f" --seed {replica_seed(seed, replica)} --rollout-seed {replica_seed(seed, replica)}"
     env = {
         **os.environ,
         "RUN_DIR": str(out / f"seed{seed}"),
         "SEED": str(seed),
         "RL_NAME": name,
-        "RL_ARGS": flags,
+        "RL_ARGS": run_flags(mode, max_staleness, seed, replica),
         "RL_STEPS": str(steps),
         **({"RL_LR": lr} if lr else {}),
     }
@@ -94,16 +96,16 @@ def write_all_heldout(seed_dir: Path, seed: int) -> Path:
 
 
 def eval_arguments(run: Path, steps: int, heldout: Path, search_url: str) -> list[str]:
-    """`slime_search.eval`'s arguments for the run's final weights on `heldout`, kept in RUN/wide_eval.json."""
+    """`slime_search.eval`'s arguments for the run's final weights on `heldout`, written to RUN/WIDE_EVAL."""
     return [
         "--hf-checkpoint", str(run / "weights" / f"step_{steps}"), "--eval-prompt-data", "heldout", str(heldout),
-        "--search-url", search_url, "--output", str(run / "wide_eval.json"), *EVAL_FLAGS,
+        "--search-url", search_url, "--output", str(run / WIDE_EVAL), *EVAL_FLAGS,
     ]  # fmt: skip
 
 
 def wide_eval(run: Path, steps: int, heldout: Path, search_url: str) -> dict[str, float]:
-    """The run's final weights evaluated greedily on `heldout` (once: kept in RUN/wide_eval.json)."""
-    out = run / "wide_eval.json"
+    """The run's final weights evaluated greedily on `heldout` (once: the metrics are kept in RUN/WIDE_EVAL)."""
+    out = run / WIDE_EVAL
     if not out.is_file():
         command = [sys.executable, "-m", "slime_search.eval", *eval_arguments(run, steps, heldout, search_url)]
         subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=True)
@@ -145,6 +147,11 @@ def summary(run: Path) -> dict[str, float]:
     }
 
 
+def signed(difference: float) -> str:
+    """A difference to three decimals, with no "-0.000" for one that is zero but for float rounding."""
+    return f"{round(difference, 9) + 0.0:+.3f}"
+
+
 def table(results: dict[tuple[int, str], dict[str, float]], seeds: list[int], modes: list[str]) -> str:
     wide = all("wide_em" in r for r in results.values())
     lines = [
@@ -159,14 +166,14 @@ def table(results: dict[tuple[int, str], dict[str, float]], seeds: list[int], mo
             r = results[(seed, mode)]
             line = (
                 f"| {seed} | {mode} | {' / '.join(f'{em:.3f}' for em in r['em_curve'])} | "
-                f"{r['em_end'] - off['em_end']:+.3f} | {r['em_trained_mean']:.3f} | "
-                f"{r['em_trained_mean'] - off['em_trained_mean']:+.3f} | {r['search_rate_end']:.3f} | "
+                f"{signed(r['em_end'] - off['em_end'])} | {r['em_trained_mean']:.3f} | "
+                f"{signed(r['em_trained_mean'] - off['em_trained_mean'])} | {r['search_rate_end']:.3f} | "
                 f"{r['step_s']:.2f} | {r['staleness_mean']:.2f} | {r['interrupted']:.0f} |"
             )
             if wide:
                 se = standard_error(r["wide_em"], r["wide_n"])
                 se_diff = (se**2 + standard_error(off["wide_em"], off["wide_n"]) ** 2) ** 0.5
-                line += f" {r['wide_em']:.3f} ± {se:.3f} | {r['wide_em'] - off['wide_em']:+.3f} ± {se_diff:.3f} |"
+                line += f" {r['wide_em']:.3f} ± {se:.3f} | {signed(r['wide_em'] - off['wide_em'])} ± {se_diff:.3f} |"
             lines.append(line)
     for mode in modes:
         ends = [results[(s, mode)]["em_end"] for s in seeds]
@@ -175,14 +182,9 @@ def table(results: dict[tuple[int, str], dict[str, float]], seeds: list[int], mo
         if wide:
             finals = [results[(s, mode)]["wide_em"] for s in seeds]
             offs = [results[(s, "off")]["wide_em"] for s in seeds]
-            line += f" {sum(finals) / len(finals):.3f} | {(sum(finals) - sum(offs)) / len(finals):+.3f} |"
+            line += f" {sum(finals) / len(finals):.3f} | {signed((sum(finals) - sum(offs)) / len(finals))} |"
         lines.append(line)
     return "\n".join(lines)
-
-
-def signed(difference: float) -> str:
-    """A difference to three decimals, with no "-0.000" for one that is zero but for float rounding."""
-    return f"{round(difference, 9) + 0.0:+.3f}"
 
 
 def replica_table(finals: dict[tuple[int, str, int], float], seeds: list[int], replicas: int, modes: list[str]) -> str:
@@ -235,12 +237,11 @@ def main(argv: list[str] | None = None) -> int:
             }
             wide = wide_evals(out, seed, runs, args.steps) if args.wide_eval else {}
             for mode, run in runs.items():
-                finals[(seed, mode, replica)] = wide.get(mode, {}).get("wide_em")
+                result = summary(run) | wide.get(mode, {})
+                finals[(seed, mode, replica)] = result.get("wide_em")
                 if replica == 0:
-                    results[(seed, mode)] = {**summary(run), **wide.get(mode, {})}
-                print(
-                    f"seed {seed} {mode} replica {replica}: {json.dumps(summary(run) | wide.get(mode, {}))}", flush=True
-                )
+                    results[(seed, mode)] = result
+                print(f"seed {seed} {mode} replica {replica}: {json.dumps(result)}", flush=True)
     print(table(results, args.seeds, args.modes))
     if args.replicas > 1:
         print(replica_table(finals, args.seeds, args.replicas, args.modes))

@@ -3,7 +3,6 @@ the same search settings; and its replica table's arithmetic."""
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
@@ -73,9 +72,28 @@ def test_standard_error_of_an_exact_match_rate(p, n, expected):
     assert bench_async.standard_error(p, n) == pytest.approx(expected, abs=1e-4)
 
 
-def test_replicas_sample_with_seeds_of_their_own():
-    assert bench_async.replica_seed(2, 0) == 2
+def test_replicas_sample_and_order_prompts_with_seeds_of_their_own(tmp_path):
+    from slime_search.arguments import build_parser
+
+    def parsed(mode: str, seed: int, replica: int):
+        required = ["--hf-checkpoint", str(tmp_path), "--prompt-data", "x.parquet", "--save", str(tmp_path)]
+        run_script = [*required, "--num-rollout", "1", "--rollout-batch-size", "8", "--seed", str(seed)]
+        run_script += ["--rollout-seed", str(seed)]  # what run_miniature_cpu.sh passes before RL_ARGS
+        return build_parser().parse_args([*run_script, *bench_async.run_flags(mode, 2, seed, replica).split()])
+
+    first, third = parsed("fully", 2, 0), parsed("fully", 2, 2)
+    assert (first.seed, first.rollout_seed, first.async_mode, first.max_staleness) == (2, 2, "fully", 2)
+    assert third.seed == third.rollout_seed == bench_async.replica_seed(2, 2) != 2
+    assert parsed("off", 2, 1).async_mode == "off"
     assert len({bench_async.replica_seed(seed, r) for seed in range(3) for r in range(5)}) == 15
     assert bench_async.run_name("fully", "5e-4", 0) == "rl-fully-lr5e-4"
     assert bench_async.run_name("fully", "5e-4", 3) == "rl-fully-lr5e-4-rep3"
-    assert Path(bench_async.SCRIPT).is_file()
+
+
+def test_wide_eval_reads_the_eval_tools_metrics_once_written(tmp_path):
+    """A run evaluated before is read, not evaluated again (no engine is started here: one would fail the test)."""
+    (tmp_path / bench_async.WIDE_EVAL).write_text('{"eval/em": 0.85, "eval/n": 600.0, "eval/f1": 0.9}')
+    assert bench_async.wide_eval(tmp_path, 20, tmp_path / "absent.parquet", "http://127.0.0.1:9/retrieve") == {
+        "wide_em": 0.85,
+        "wide_n": 600.0,
+    }
