@@ -8,28 +8,52 @@ the engines' address added by the RolloutManager on a copy. Argument groups are 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from slime_search.health.config import HealthConfig, add_health_arguments, health_config
 from slime_search.rollout.schedule import ASYNC_MODES
 from slime_search.search_r1.config import add_search_r1_arguments
+from slime_search.utils.flag_types import (
+    below_one,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+    probability,
+)
 from slime_search.weight_sync.transports import TRANSPORTS, default_transport, transport_kind
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engines")
-    g.add_argument("--rollout-num-gpus", type=int, default=0, help="GPUs for SGLang engines (0: the CPU engine)")
-    g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
-    g.add_argument("--sglang-mem-fraction-static", type=float, default=0.8)
-    g.add_argument("--sglang-router-port", type=int, default=0)
+    g.add_argument(
+        "--rollout-num-gpus", type=non_negative_int, default=0, help="GPUs for SGLang engines (0: the CPU engine)"
+    )
+    g.add_argument(
+        "--rollout-num-gpus-per-engine",
+        type=positive_int,
+        default=1,
+        help="GPUs of one SGLang engine (its tensor-parallel size); must divide --rollout-num-gpus",
+    )
+    g.add_argument(
+        "--sglang-mem-fraction-static",
+        type=probability,
+        default=0.8,
+        help="share of each engine GPU's memory SGLang takes for weights and KV cache",
+    )
+    g.add_argument("--sglang-router-port", type=port, default=0, help="port of the SGLang router (0: a free one)")
     g.add_argument(
         "--engine-url", default=None, help="use these running engines (URL[,URL...]) instead of starting any"
     )
-    g.add_argument("--engine-max-batch-size", type=int, default=32, help="CPU engine: sequences decoded together")
-    g.add_argument("--cpu-engines", type=int, default=1, help="CPU engine servers on a machine without GPUs")
+    g.add_argument(
+        "--engine-max-batch-size", type=positive_int, default=32, help="CPU engine: sequences decoded together"
+    )
+    g.add_argument("--cpu-engines", type=positive_int, default=1, help="CPU engine servers on a machine without GPUs")
     g.add_argument(
         "--engine-health-timeout",
-        type=float,
+        type=positive_float,
         default=60.0,
         help="seconds an engine has to generate one token in the check after each rollout; one that fails it (or has "
         "exited) is started again and takes the next weight push",
@@ -39,13 +63,176 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 def add_prompt_arguments(parser: argparse.ArgumentParser) -> None:
     """How prompt rows are read and which plugins turn them into scored samples."""
     g = parser.add_argument_group("prompts and plugins")
-    g.add_argument("--input-key", default="prompt")
-    g.add_argument("--label-key", default="reward_model")
-    g.add_argument("--apply-chat-template", action="store_true")
-    g.add_argument("--rollout-max-response-len", type=int, default=512, help="max new tokens per turn")
-    g.add_argument("--reward-key", default="score")
-    g.add_argument("--custom-generate-function-path", default="slime_search.search_r1.generate.generate")
-    g.add_argument("--custom-rm-path", default="slime_search.search_r1.reward.reward_func")
+    g.add_argument("--input-key", default="prompt", help="column of a prompt row that holds the prompt")
+    g.add_argument("--label-key", default="reward_model", help="column of a prompt row that holds the label")
+    g.add_argument(
+        "--apply-chat-template", action="store_true", help="render the prompt with the tokenizer's chat template"
+    )
+    g.add_argument("--rollout-max-response-len", type=positive_int, default=512, help="max new tokens per turn")
+    g.add_argument("--reward-key", default="score", help="key of the reward plugin's dict that is the reward")
+    g.add_argument(
+        "--custom-generate-function-path",
+        default="slime_search.search_r1.generate.generate",
+        help="the generate plugin, by dotted path: async generate(args, sample, sampling_params) -> Sample",
+    )
+    g.add_argument(
+        "--custom-rm-path",
+        default="slime_search.search_r1.reward.reward_func",
+        help="the reward plugin, by dotted path: async reward_func(args, sample) -> float | dict",
+    )
+
+
+def loss_type_name(name: str) -> str:
+    """slime spells the SFT loss `sft_loss`."""
+    return "sft" if name == "sft_loss" else name
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """The loss, the importance weights against the engine's sampling, and the optimizer (slime's names; slime's
+    spellings are accepted where ours differ)."""
+    g = parser.add_argument_group("training")
+    g.add_argument(
+        "--loss-type",
+        type=loss_type_name,
+        default="policy_loss",
+        choices=["policy_loss", "sft"],
+        help="policy_loss: GRPO's clipped policy gradient; sft: cross-entropy on the response tokens (slime's "
+        "sft_loss is accepted)",
+    )
+    g.add_argument(
+        "--advantage-estimator",
+        default="grpo",
+        choices=["grpo", "dr_grpo"],
+        help="grpo: reward minus its group's mean, divided by the group's std; dr_grpo: not divided",
+    )
+    g.add_argument(
+        "--disable-grpo-std-normalization",
+        dest="advantage_estimator",
+        action="store_const",
+        const="dr_grpo",
+        help="slime's spelling of --advantage-estimator dr_grpo",
+    )
+    g.add_argument(
+        "--eps-clip", type=non_negative_float, default=0.2, help="PPO clip: the ratio is clipped below at 1 - eps"
+    )
+    g.add_argument(
+        "--eps-clip-high",
+        type=non_negative_float,
+        default=0.28,
+        help="PPO clip-higher: the ratio is clipped above at 1 + eps-high",
+    )
+    g.add_argument(
+        "--eps-clip-c",
+        type=float,
+        default=None,
+        help="dual clip, > 1: a token with a negative advantage A costs at most -c x A however large its ratio "
+        "(default: off)",
+    )
+    g.add_argument("--use-kl-loss", action="store_true", help="KL to the reference model (--kl-loss-coef)")
+    g.add_argument("--kl-loss-coef", type=non_negative_float, default=0.0, help="weight of the KL term in the loss")
+    g.add_argument(
+        "--kl-loss-type",
+        default="low_var_kl",
+        choices=["k1", "k2", "k3", "low_var_kl"],
+        help="KL estimator: k1 log-ratio, k2 its square / 2, k3 = low_var_kl (clamped to [-10, 10])",
+    )
+    g.add_argument("--entropy-coef", type=float, default=0.0, help="weight of the entropy bonus")
+    g.add_argument(
+        "--calculate-per-token-loss",
+        action="store_true",
+        help="average the loss over every response token of the step (token_mean); default: over each sequence's "
+        "tokens, then over the sequences (sequence_mean)",
+    )
+    g.add_argument(
+        "--use-tis",
+        action="store_true",
+        help="truncated importance sampling against the engine: each token's loss is weighted by "
+        "clamp(p_trainer / p_engine, --tis-clip-low, --tis-clip)",
+    )
+    g.add_argument("--tis-cap", "--tis-clip", type=positive_float, default=2.0, help="upper clamp of the TIS weights")
+    g.add_argument(
+        "--tis-clip-low", type=non_negative_float, default=0.0, help="lower clamp of the TIS weights (0: none)"
+    )
+    from slime_search.algo.importance import IS_LEVELS, IS_MODES
+
+    g.add_argument(
+        "--use-mis",
+        action="store_true",
+        help="importance weights in their general form (--mis-level, --mis-mode, bounds), normalised to mean 1 over "
+        "the global batch: every micro-batch and data-parallel rank of the optimizer step together (instead of "
+        "--use-tis)",
+    )
+    g.add_argument(
+        "--mis-level",
+        choices=IS_LEVELS,
+        default="token",
+        help="token: a weight per token; sequence: the product of the response's ratios; geometric: their "
+        "geometric mean",
+    )
+    g.add_argument(
+        "--mis-mode",
+        choices=IS_MODES,
+        default="truncate",
+        help="truncate: min(w, upper); clip: clamp(w, lower, upper); mask: tokens with w outside [lower, upper] "
+        "leave the loss",
+    )
+    g.add_argument("--mis-upper", type=positive_float, default=2.0, help="upper bound of the MIS weights")
+    g.add_argument(
+        "--mis-lower",
+        type=non_negative_float,
+        default=None,
+        help="lower bound of the MIS weights (default: 1 / --mis-upper)",
+    )
+    g.add_argument(
+        "--mis-veto-threshold",
+        type=positive_float,
+        default=None,
+        help="a sequence holding a token whose ratio is below this leaves the loss (default: off)",
+    )
+    g.add_argument(
+        "--mis-batch-normalize",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="normalise the MIS weights to mean 1 over the global batch",
+    )
+    g.add_argument(
+        "--optimizer",
+        default="adam",
+        choices=["adam"],
+        help="adam, the only optimizer (Adam with decoupled weight decay, as Megatron's); accepted so that slime "
+        "commands parse",
+    )
+    g.add_argument("--lr", type=non_negative_float, default=1e-6, help="peak learning rate")
+    g.add_argument("--min-lr", type=non_negative_float, default=0.0, help="learning rate at the end of the decay")
+    g.add_argument(
+        "--lr-warmup-iters",
+        type=non_negative_int,
+        default=0,
+        help="optimizer steps of linear warm-up to --lr",
+    )
+    g.add_argument(
+        "--lr-decay-style",
+        default="constant",
+        choices=["constant", "linear", "cosine"],
+        help="after the warm-up: constant, or a linear / cosine decay to --min-lr that ends at --lr-decay-iters",
+    )
+    g.add_argument(
+        "--lr-decay-iters",
+        type=positive_int,
+        default=None,
+        help="optimizer steps (not rollouts; warm-up included) after which the decay reaches --min-lr; default: the "
+        "whole run, --num-rollout x the optimizer steps of a rollout (1, or its samples / --global-batch-size)",
+    )
+    g.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="Adam's decoupled weight decay")
+    g.add_argument("--adam-beta1", type=below_one, default=0.9, help="Adam's beta1, in [0, 1)")
+    g.add_argument("--adam-beta2", type=below_one, default=0.98, help="Adam's beta2, in [0, 1)")
+    g.add_argument(
+        "--clip-grad",
+        type=non_negative_float,
+        default=1.0,
+        help="clip the global gradient norm to this (0: no clipping)",
+    )
+    g.add_argument("--max-tokens-per-gpu", type=positive_int, default=4096, help="token budget of a packed micro-batch")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,16 +244,36 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--load", default=None, help="torch_dist folder with the initial actor weights (else the HF ones)")
     g.add_argument("--ref-load", default=None, help="torch_dist folder of the KL reference (else the initial weights)")
     g.add_argument("--save", required=True, help="run folder: checkpoints, synced weights, metrics, report")
-    g.add_argument("--save-interval", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
     g.add_argument(
-        "--keep-checkpoints", type=int, default=2, help="newest checkpoints kept in SAVE/checkpoints (0: all of them)"
+        "--save-interval", type=non_negative_int, default=0, help="checkpoint every N steps (0: only at the end)"
     )
-    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument(
+        "--keep-checkpoints",
+        type=non_negative_int,
+        default=2,
+        help="newest checkpoints kept in SAVE/checkpoints (0: all of them)",
+    )
+    g.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=1234,
+        help="seeds the actor's RNGs (Python, NumPy, torch, Megatron's model-parallel RNG) and the engines' sampling "
+        "(engine i: seed + i)",
+    )
     g = parser.add_argument_group("cluster")
-    g.add_argument("--actor-num-nodes", type=int, default=1)
-    g.add_argument("--actor-num-gpus-per-node", type=int, default=1, help="Megatron ranks per node (CPU: processes)")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--actor-num-nodes", type=positive_int, default=1, help="nodes of the Megatron actor")
+    g.add_argument(
+        "--actor-num-gpus-per-node", type=positive_int, default=1, help="Megatron ranks per node (CPU: processes)"
+    )
+    g.add_argument(
+        "--tensor-model-parallel-size",
+        type=positive_int,
+        default=1,
+        help="Megatron tensor-parallel size; must divide the actor's ranks (the rest is data parallel)",
+    )
+    g.add_argument(
+        "--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with tensor parallelism)"
+    )
     g.add_argument("--bf16", action="store_true", help="bf16 parameters (GPU); fp32 otherwise")
     g.add_argument(
         "--colocate",
@@ -83,21 +290,51 @@ def build_parser() -> argparse.ArgumentParser:
         "memory on CPU); 'disk' writes an HF checkpoint the engines load. Default: tensor with --colocate, nccl with "
         "engines on GPUs of their own, disk otherwise",
     )
-    g.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024**2, help="bytes per weight-sync bucket")
+    g.add_argument(
+        "--update-weight-buffer-size", type=positive_int, default=512 * 1024**2, help="bytes per weight-sync bucket"
+    )
     add_engine_arguments(parser)
     add_prompt_arguments(parser)
     g = parser.add_argument_group("data and rollout")
-    g.add_argument("--prompt-data", required=True)
-    g.add_argument("--rollout-shuffle", action="store_true")
-    g.add_argument("--rollout-seed", type=int, default=42)
-    g.add_argument("--num-rollout", type=int, required=True, help="rollouts (each followed by training)")
-    g.add_argument("--rollout-batch-size", type=int, required=True, help="prompts per rollout")
-    g.add_argument("--n-samples-per-prompt", type=int, default=8)
-    g.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step (default: all)")
-    g.add_argument("--rollout-temperature", type=float, default=1.0)
-    g.add_argument("--rollout-top-p", type=float, default=1.0)
-    g.add_argument("--over-sampling-filter-zero-std", action="store_true")
-    g.add_argument("--rollout-concurrency", type=int, default=256, help="trajectories generated at once, at most")
+    g.add_argument("--prompt-data", required=True, help="training prompts: parquet or jsonl, Search-R1's schema")
+    g.add_argument("--rollout-shuffle", action="store_true", help="shuffle the prompts every epoch")
+    g.add_argument("--rollout-seed", type=non_negative_int, default=42, help="seed of the prompt order")
+    g.add_argument(
+        "--num-rollout",
+        type=non_negative_int,
+        required=True,
+        help="rollouts, each followed by training (0: no training, only the final evaluation of the start weights)",
+    )
+    g.add_argument("--rollout-batch-size", type=positive_int, required=True, help="prompts per rollout")
+    g.add_argument("--n-samples-per-prompt", type=positive_int, default=8, help="samples per prompt: one GRPO group")
+    g.add_argument(
+        "--global-batch-size",
+        type=positive_int,
+        default=None,
+        help="samples per optimizer step (default: all the rollout's, one step per rollout)",
+    )
+    g.add_argument(
+        "--rollout-temperature",
+        type=positive_float,
+        default=1.0,
+        help="sampling temperature of the rollouts, > 0: the trainer divides its logits by it to recompute the "
+        "log-probs the engine sampled with (greedy decoding has no such distribution; evaluation is greedy anyway)",
+    )
+    g.add_argument(
+        "--rollout-top-p",
+        type=probability,
+        default=1.0,
+        help="nucleus sampling of the rollouts, in (0, 1]; below 1 the engine samples from a truncated distribution "
+        "while the trainer's log-probs are over the full vocabulary, so --use-tis / --use-mis are refused with it",
+    )
+    g.add_argument(
+        "--over-sampling-filter-zero-std",
+        action="store_true",
+        help="drop groups whose rewards are all equal (no GRPO signal) and generate more in their place",
+    )
+    g.add_argument(
+        "--rollout-concurrency", type=positive_int, default=256, help="trajectories generated at once, at most"
+    )
     g.add_argument(
         "--async-mode",
         choices=ASYNC_MODES,
@@ -106,78 +343,140 @@ def build_parser() -> argparse.ArgumentParser:
         "while the actor trains on step k; fully: trajectories stream continuously and survive weight pushes "
         "(partial rollouts), a group admitted only while it starts at most --max-staleness versions behind",
     )
-    g.add_argument("--max-staleness", type=int, default=2, help="--async-mode fully: versions a group may lag")
-    g = parser.add_argument_group("training")
-    g.add_argument("--loss-type", default="policy_loss", choices=["policy_loss", "sft"])
-    g.add_argument("--advantage-estimator", default="grpo", choices=["grpo", "dr_grpo"])
-    g.add_argument("--eps-clip", type=float, default=0.2)
-    g.add_argument("--eps-clip-high", type=float, default=0.28)
-    g.add_argument("--use-kl-loss", action="store_true", help="KL to the reference model (--kl-loss-coef)")
-    g.add_argument("--kl-loss-coef", type=float, default=0.0)
-    g.add_argument("--kl-loss-type", default="low_var_kl", choices=["k1", "k2", "k3", "low_var_kl"])
-    g.add_argument("--entropy-coef", type=float, default=0.0)
-    g.add_argument("--use-tis", action="store_true", help="truncated importance sampling against the engine")
-    g.add_argument("--tis-cap", type=float, default=2.0)
-    g.add_argument("--optimizer", default="adam", choices=["adam"])
-    g.add_argument("--lr", type=float, default=1e-6)
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--lr-decay-style", default="constant", choices=["constant", "linear", "cosine"])
-    g.add_argument("--lr-decay-iters", type=int, default=None)
-    g.add_argument("--weight-decay", type=float, default=0.0)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.98)
-    g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--max-tokens-per-gpu", type=int, default=4096, help="token budget of a packed micro-batch")
+    g.add_argument(
+        "--max-staleness", type=positive_int, default=2, help="--async-mode fully: versions a group may lag (>= 1)"
+    )
+    add_training_arguments(parser)
     g = parser.add_argument_group("evaluation and logging")
     g.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH", help="pairs of name and path")
-    g.add_argument("--eval-interval", type=int, default=0)
-    g.add_argument("--log-rollout-examples", type=int, default=4, help="rollouts kept per step for the report")
-    g.add_argument("--use-wandb", action="store_true")
-    g.add_argument("--wandb-project", default="slime-search")
-    g.add_argument("--wandb-group", default=None)
+    g.add_argument(
+        "--eval-interval",
+        type=non_negative_int,
+        default=0,
+        help="evaluate every N steps, and the start weights before the first (0: only at the end)",
+    )
+    g.add_argument(
+        "--log-rollout-examples", type=non_negative_int, default=4, help="rollouts kept per step for the report"
+    )
+    g.add_argument("--use-wandb", action="store_true", help="also log to wandb (offline without an API key)")
+    g.add_argument("--wandb-project", default="slime-search", help="wandb project")
+    g.add_argument("--wandb-group", default=None, help="wandb group")
+    add_health_arguments(parser)
     add_search_r1_arguments(parser)
     add_model_arguments(parser, required=False)
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse and validate; nothing is derived or changed here (that is `run_config`'s)."""
-    args = build_parser().parse_args(argv)
+    """Parse and validate: a value or a combination that cannot work is a usage error naming the flag (exit code 2)
+    before anything starts. Nothing is derived or changed here (that is `run_config`'s)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_or_exit(parser, args, check_flags, check_engine_flags, check_plugins)
+    return args
+
+
+def check_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, *checks) -> None:
+    """Run each `check(args)`; a ValueError, or a plugin that does not load, is a usage error: argparse's usage line
+    and the message, exit code 2."""
+    from slime_search.plugins import PluginLoadError
+
+    try:
+        for check in checks:
+            check(args)
+    except (ValueError, PluginLoadError) as err:
+        parser.error(str(err))
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Training flags that cannot work together; ValueError naming them. (Single values are checked by their
+    argparse types.)"""
     eval_sets(args)
     if args.loss_type == "sft" and args.eval_prompt_data:
-        raise SystemExit("--loss-type sft trains on another engine's samples; evaluate the policy in the RL run")
+        raise ValueError("--loss-type sft trains on another engine's samples; evaluate the policy in the RL run")
     if args.use_kl_loss and args.loss_type == "sft":
-        raise SystemExit("--use-kl-loss applies to --loss-type policy_loss")
+        raise ValueError("--use-kl-loss applies to --loss-type policy_loss")
     if args.kl_loss_coef and not args.use_kl_loss:
-        raise SystemExit("--kl-loss-coef needs --use-kl-loss (the reference model is loaded only then)")
+        raise ValueError("--kl-loss-coef needs --use-kl-loss (the reference model is loaded only then)")
     samples = args.rollout_batch_size * args.n_samples_per_prompt
-    if args.global_batch_size is not None and (args.global_batch_size <= 0 or samples % args.global_batch_size):
-        raise SystemExit(
+    if args.global_batch_size is not None and samples % args.global_batch_size:
+        raise ValueError(
             f"--global-batch-size {args.global_batch_size} must divide the {samples} samples of a rollout "
             "(--rollout-batch-size x --n-samples-per-prompt)"
         )
-    if args.update_weight_buffer_size <= 0:
-        raise SystemExit("--update-weight-buffer-size must be a positive number of bytes")
+    actor_ranks = args.actor_num_nodes * args.actor_num_gpus_per_node
+    if actor_ranks % args.tensor_model_parallel_size:
+        raise ValueError(
+            f"--tensor-model-parallel-size {args.tensor_model_parallel_size} must divide the actor's {actor_ranks} "
+            "ranks (--actor-num-nodes x --actor-num-gpus-per-node)"
+        )
+    check_importance_weights(args)
     if args.colocate:
         check_colocation(args)
     if args.async_mode != "off" and args.colocate:
-        raise SystemExit(
+        raise ValueError(
             f"--async-mode {args.async_mode} overlaps generation with training, which needs the engines on GPUs of "
             "their own: colocated engines share the actor's GPUs (drop --colocate, or use --async-mode off)"
         )
     if args.async_mode != "off" and args.loss_type == "sft":
-        raise SystemExit("--async-mode applies to RL: in SFT the samples come from another engine, not the policy")
-    if args.max_staleness < 1:
-        raise SystemExit(f"--max-staleness must be >= 1, got {args.max_staleness}")
-    return args
+        raise ValueError("--async-mode applies to RL: in SFT the samples come from another engine, not the policy")
+
+
+def check_importance_weights(args: argparse.Namespace) -> None:
+    if args.eps_clip_c is not None and args.eps_clip_c <= 1:
+        raise ValueError(f"--eps-clip-c must be > 1 (a bound on -ratio x advantage), got {args.eps_clip_c}")
+    if args.use_tis and args.use_mis:
+        raise ValueError("choose --use-tis (vanilla TIS) or --use-mis (the general form), not both")
+    if args.use_tis and args.tis_clip_low >= args.tis_cap:
+        raise ValueError(f"--tis-clip-low {args.tis_clip_low:g} must be below --tis-clip {args.tis_cap:g}")
+    if args.use_mis:
+        lower = args.mis_lower if args.mis_lower is not None else 1.0 / args.mis_upper
+        if lower >= args.mis_upper:
+            given = f"{lower:g}" if args.mis_lower is not None else f"(by default 1 / --mis-upper = {lower:g})"
+            raise ValueError(f"--mis-lower {given} must be below --mis-upper {args.mis_upper:g}")
+    if (args.use_tis or args.use_mis) and args.rollout_top_p < 1:
+        # The engine samples from the nucleus, renormalised; the trainer's log-probs are over the full vocabulary.
+        raise ValueError(
+            f"--rollout-top-p {args.rollout_top_p} with --use-tis/--use-mis: the engine's log-probs are of the "
+            "truncated distribution and the trainer's of the full one, so the weights would compare different "
+            "distributions; use --rollout-top-p 1"
+        )
+
+
+def check_engine_flags(args: argparse.Namespace) -> None:
+    """The engines' GPUs split into whole engines (shared with the eval CLI)."""
+    if args.rollout_num_gpus % args.rollout_num_gpus_per_engine:
+        raise ValueError(
+            f"--rollout-num-gpus {args.rollout_num_gpus} is not a multiple of --rollout-num-gpus-per-engine "
+            f"{args.rollout_num_gpus_per_engine}"
+        )
+
+
+def check_plugins(args: argparse.Namespace) -> None:
+    """The reward plugin loads, and the generate plugin loads and its module accepts the flags (its optional
+    `check_args` hook), so a bad task flag is found now and not on the first sample, after the models loaded."""
+    from slime_search.plugins import check_plugin_args, load_function
+
+    load_function(args.custom_rm_path)
+    check_plugin_args(args.custom_generate_function_path, args)
+
+
+def preflight(args: argparse.Namespace) -> None:
+    """The generate plugin's optional `preflight` hook: the services it needs answer (the retriever). On a failure
+    the CLI exits with its message (exit code 1) before Ray starts and the models load."""
+    from slime_search.plugins import run_preflight
+
+    try:
+        run_preflight(args.custom_generate_function_path, args)
+    except RuntimeError as err:
+        raise SystemExit(f"preflight failed: {err}") from None
 
 
 def eval_sets(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     """--eval-prompt-data NAME PATH [NAME PATH ...] as (name, path) pairs."""
     pairs = args.eval_prompt_data
     if len(pairs) % 2:
-        raise SystemExit("--eval-prompt-data takes pairs: NAME PATH [NAME PATH ...]")
+        raise ValueError("--eval-prompt-data takes pairs: NAME PATH [NAME PATH ...]")
     return tuple(zip(pairs[::2], pairs[1::2], strict=True))
 
 
@@ -190,16 +489,21 @@ def check_colocation(args: argparse.Namespace) -> None:
     """--colocate: the engines this run starts take the actor's devices, one engine GPU per actor GPU."""
     actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
     if args.engine_url:
-        raise SystemExit("--colocate shares the actor's devices with engines this run starts; drop --engine-url")
+        raise ValueError("--colocate shares the actor's devices with engines this run starts; drop --engine-url")
     if args.rollout_num_gpus and args.rollout_num_gpus != actor_gpus:
-        raise SystemExit(
+        raise ValueError(
             f"--colocate puts the engines on the actor's {actor_gpus} GPUs; --rollout-num-gpus is "
             f"{args.rollout_num_gpus} (leave it out)"
+        )
+    if actor_gpus % args.rollout_num_gpus_per_engine:
+        raise ValueError(
+            f"--colocate puts the engines on the actor's {actor_gpus} GPUs, not a multiple of "
+            f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine}"
         )
     refused = transport_kind(weight_transport(args)).refused_colocated
     if refused:
         usable = [name for name, kind in sorted(TRANSPORTS.items()) if kind.refused_colocated is None]
-        raise SystemExit(f"--colocate: {refused}; use --update-weight-transport {' or '.join(usable)}")
+        raise ValueError(f"--colocate: {refused}; use --update-weight-transport {' or '.join(usable)}")
 
 
 def steps_per_rollout(args: argparse.Namespace) -> int:
@@ -229,7 +533,38 @@ def model_source(args: argparse.Namespace):
         "sequence_parallel": args.sequence_parallel,
         "params_dtype": torch.bfloat16 if args.bf16 else torch.float32,
     }
+    # Given with ${MODEL_ARGS[@]}, they shape the model as they shaped a converted torch_dist checkpoint (the vocab
+    # padding is the embedding's size); left out, config.json's context length and Megatron's padding of 128 apply.
+    for name in ("make_vocab_size_divisible_by", "max_position_embeddings"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
     return ModelSource(args.hf_checkpoint, args.load, args.use_kl_loss, args.ref_load, overrides)
+
+
+def importance_weights(args: argparse.Namespace):
+    """LossConfig's (use_tis, mis): vanilla TIS, the general form (--use-mis), or neither."""
+    from slime_search.algo.importance import ISConfig
+
+    if args.use_mis:
+        return False, ISConfig(
+            level=args.mis_level,
+            mode=args.mis_mode,
+            upper=args.mis_upper,
+            lower=args.mis_lower,
+            veto_threshold=args.mis_veto_threshold,
+            batch_normalize=args.mis_batch_normalize,
+        )
+    if args.use_tis and args.tis_clip_low > 0:
+        # slime's clamp(w, --tis-clip-low, --tis-clip) per token is the general form at token level in clip mode
+        return False, ISConfig(level="token", mode="clip", upper=args.tis_cap, lower=args.tis_clip_low)
+    return args.use_tis, None
+
+
+def lr_decay_iters(args: argparse.Namespace) -> int | None:
+    """--lr-decay-iters, else (with a decay style) the whole run in optimizer steps, as Megatron defaults it."""
+    if args.lr_decay_iters is None and args.lr_decay_style != "constant":
+        return args.num_rollout * steps_per_rollout(args)
+    return args.lr_decay_iters
 
 
 def actor_config(args: argparse.Namespace, vocab_size: int):
@@ -237,16 +572,20 @@ def actor_config(args: argparse.Namespace, vocab_size: int):
     from slime_search.backends.megatron.loss import LossConfig
     from slime_search.backends.megatron.optimizer import OptimConfig
 
+    use_tis, mis = importance_weights(args)
     return ActorConfig(
         loss=LossConfig(
             loss_type=args.loss_type,
             eps_clip=args.eps_clip,
             eps_clip_high=args.eps_clip_high,
+            eps_clip_c=args.eps_clip_c,
             kl_coef=args.kl_loss_coef if args.use_kl_loss else 0.0,
             kl_loss_type=args.kl_loss_type,
             entropy_coef=args.entropy_coef,
-            use_tis=args.use_tis,
+            reduction="token_mean" if args.calculate_per_token_loss else "sequence_mean",
+            use_tis=use_tis,
             tis_cap=args.tis_cap,
+            mis=mis,
             temperature=args.rollout_temperature,
             vocab_size=vocab_size,
         ),
@@ -254,7 +593,7 @@ def actor_config(args: argparse.Namespace, vocab_size: int):
             lr=args.lr,
             min_lr=args.min_lr,
             lr_warmup_iters=args.lr_warmup_iters,
-            lr_decay_iters=args.lr_decay_iters,
+            lr_decay_iters=lr_decay_iters(args),
             lr_decay_style=args.lr_decay_style,
             weight_decay=args.weight_decay,
             adam_beta1=args.adam_beta1,
@@ -340,6 +679,7 @@ class RunConfig:
     weight_sync: Any  # WeightSyncConfig
     schedule: Any  # ScheduleConfig: when rollouts run relative to training
     wandb: tuple[bool, str, str | None]  # MetricsSink's use_wandb, project, group
+    health: HealthConfig = field(default_factory=HealthConfig)  # the health guard's rules and bounds
 
     def eval_due(self, version: int) -> bool:
         if not self.rollout.eval_sets or not self.serves_policy:
@@ -357,8 +697,6 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
     from slime_search.rollout.schedule import ScheduleConfig
     from slime_search.weight_sync.transports import WeightSyncConfig
 
-    if args.keep_checkpoints < 0:
-        raise ValueError(f"--keep-checkpoints must be >= 0 (0 keeps all), got {args.keep_checkpoints}")
     actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
     engines = engine_config(args, use_gpu, colocated_gpus=actor_gpus if args.colocate else 0)
     return RunConfig(
@@ -371,7 +709,9 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
         colocate=args.colocate,
         serves_policy=args.loss_type != "sft",
         steps_per_rollout=steps_per_rollout(args),
-        train_group=TrainGroupConfig(actor_gpus, args.tensor_model_parallel_size, use_gpu=use_gpu),
+        train_group=TrainGroupConfig(
+            actor_gpus, args.tensor_model_parallel_size, use_gpu=use_gpu, seed=args.seed, log_dir=args.save
+        ),
         model=model_source(args),
         actor=actor_config(args, vocab_size),
         rollout=rollout_manager_config(args, engines),
@@ -384,4 +724,5 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
         ),
         schedule=ScheduleConfig(args.async_mode, args.max_staleness),
         wandb=(args.use_wandb, args.wandb_project, args.wandb_group),
+        health=health_config(args),
     )

@@ -1,9 +1,16 @@
 """Load extension points (generate, reward, filters) by dotted path, as slime's `--custom-*-path` flags do.
 
 The rollout plugins keep slime's signatures: `async def generate(args, sample, sampling_params) -> Sample` and
-`async def reward_func(args, sample, **kw) -> float | dict`. A generate plugin's module may also define
-`async def close_resources()`: it is awaited at the end of every rollout, in the rollout's event loop, so the plugin
-can close what it opened for that rollout (connection pools, clients).
+`async def reward_func(args, sample, **kw) -> float | dict`. A generate plugin's module may also define these hooks:
+
+- `async def close_resources()`: awaited at the end of every rollout, in the rollout's event loop, so the plugin can
+  close what it opened for that rollout (connection pools, clients).
+- `def check_args(args) -> None`: called once when the command line is parsed, before anything starts; it raises
+  ValueError with a message naming the flag at fault, which the CLI turns into a usage error. The engines' addresses
+  are not known yet then (`args` has none).
+- `def preflight(args) -> None`: called by the CLI after parsing, before Ray starts and the models load; it checks
+  that the services the plugin needs answer (a retriever, an API key) and raises RuntimeError naming the address and
+  what failed.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 END_OF_ROLLOUT_HOOK = "close_resources"
+CHECK_ARGS_HOOK = "check_args"
+PREFLIGHT_HOOK = "preflight"
 
 
 class PluginLoadError(ImportError):
@@ -41,6 +50,31 @@ def load_function(path: str) -> Callable[..., Any]:
     if not callable(obj):
         raise PluginLoadError(f"cannot load {path!r}: {attr!r} is a {type(obj).__name__}, not a callable")
     return obj
+
+
+def module_hook(generate_path: str, name: str) -> Callable[..., Any] | None:
+    """The hook `name` of the generate plugin's module, or None when it defines none; loading the generate plugin
+    itself first, so a bad path is reported as such."""
+    load_function(generate_path)
+    module_name = generate_path.rpartition(".")[0]
+    hook = getattr(importlib.import_module(module_name), name, None)
+    if hook is not None and not callable(hook):
+        raise PluginLoadError(f"{module_name}.{name} must be a function")
+    return hook
+
+
+def check_plugin_args(generate_path: str, args: Any) -> None:
+    """The generate plugin module's `check_args(args)`, if it defines one: ValueError naming the flag at fault."""
+    hook = module_hook(generate_path, CHECK_ARGS_HOOK)
+    if hook is not None:
+        hook(args)
+
+
+def run_preflight(generate_path: str, args: Any) -> None:
+    """The generate plugin module's `preflight(args)`, if it defines one: RuntimeError when a service it needs fails."""
+    hook = module_hook(generate_path, PREFLIGHT_HOOK)
+    if hook is not None:
+        hook(args)
 
 
 async def _nothing_to_close() -> None:

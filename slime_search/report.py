@@ -1,30 +1,44 @@
-"""The run report: reward, EM and search-rate curves (PNG) and an HTML page with the curves, the per-step metrics
-and a few rollouts with their search calls and retrieved passages highlighted.
+"""The run report: the run's health first (a verdict line, the health guard's events, panels of the signals it watches
+with its bounds drawn), then the reward, EM and search-rate curves, the per-step metrics and a few rollouts with their
+search calls and retrieved passages highlighted.
 
-    python -m slime_search.report RUN_DIR        # (re-)renders RUN_DIR/report/index.html
+    python -m slime_search.report RUN_DIR        # (re-)renders RUN_DIR/report/index.html and prints the verdict
 
-It reads only what a run writes (RUN_DIR/metrics.jsonl, RUN_DIR/rollouts.jsonl), so it renders a finished run, a
-running one, or a copy of either.
+It reads only what a run writes (RUN_DIR/metrics.jsonl, rollouts.jsonl, health.jsonl, health_config.json), so it
+renders a finished run, a running one, or a copy of either. Long runs stay readable: curves of more than a few
+hundred points are downsampled and the tables list a bounded number of rows.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
+from slime_search.health.panels import HEALTH_PANELS, Panel, plot_panels
+from slime_search.health.verdict import LASTING, events_shown, level, verdict
 from slime_search.utils.records import read_records
 
-CURVES = {  # file -> (title, [(metric, label)])
-    "reward.png": ("Training reward", [("rollout/reward_mean", "rollout reward (mean)")]),
-    "em.png": ("Exact match", [("eval/em", "held-out EM (greedy)"), ("rollout/reward_mean", "training reward")]),
-    "search_rate.png": (
-        "Search rate",
-        [("eval/search_rate", "held-out (greedy)"), ("rollout/search_rate", "training rollouts (sampled)")],
+STEP_AXIS = "step (weight version for eval)"
+CURVES = (
+    Panel("reward.png", "Training reward", (("rollout/reward_mean", "rollout reward (mean)"),), xlabel=STEP_AXIS),
+    Panel(
+        "em.png",
+        "Exact match",
+        (("eval/em", "held-out EM (greedy)"), ("rollout/reward_mean", "training reward")),
+        xlabel=STEP_AXIS,
     ),
-    "loss.png": ("Training loss", [("train/loss", "loss")]),
-}
+    Panel(
+        "search_rate.png",
+        "Search rate",
+        (("eval/search_rate", "held-out (greedy)"), ("rollout/search_rate", "training rollouts (sampled)")),
+        xlabel=STEP_AXIS,
+    ),
+)
+MAX_TABLE_ROWS = 200  # steps listed in the per-step table; the others are counted
 TABLE_KEYS = (
     "rollout/reward_mean",
     "eval/em",
@@ -39,6 +53,15 @@ TABLE_KEYS = (
     "train/kl_loss",
     "train/pg_clipfrac",
     "train/grad_norm",
+    "train/entropy",
+    "health/logprob_gap",
+    "health/is_capped_share",
+    "rollout/response_length_p90",
+    "rollout/truncation_rate",
+    "health/step_skipped",
+    "health/warns",
+    "health/refuses",
+    "health/rollbacks",
     "time/rollout_s",
     "time/train_s",
     "time/sync_s",
@@ -46,38 +69,6 @@ TABLE_KEYS = (
     "time/step_s",
 )
 TAG = re.compile(r"(<search>.*?</search>|<answer>.*?</answer>|<think>.*?</think>)", re.DOTALL)
-
-
-def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
-    points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
-    return [p[0] for p in points], [float(p[1]) for p in points]
-
-
-def plot_curves(records: list[dict], out_dir: Path) -> list[str]:
-    """One PNG per curve that has data; returns the file names written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    for name, (title, lines) in CURVES.items():
-        drawn = [(label, *series(records, key)) for key, label in lines]
-        drawn = [d for d in drawn if d[1]]
-        if not drawn:
-            continue
-        fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=100)
-        for label, steps, values in drawn:
-            ax.plot(steps, values, marker="o", markersize=3, label=label)
-        ax.set_title(title)
-        ax.set_xlabel("step (weight version for eval)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / name)
-        plt.close(fig)
-        written.append(name)
-    return written
 
 
 def render_segment(text: str, generated: bool) -> str:
@@ -106,16 +97,76 @@ def render_rollout(example: dict) -> str:
     )
 
 
-def metrics_table(records: list[dict]) -> str:
+def evenly(items: list, count: int) -> list:
+    """`count` items spread evenly over `items`, the first and the last included."""
+    if count >= len(items):
+        return list(items)
+    if count <= 1:
+        return items[-1:]
+    return [items[round(i * (len(items) - 1) / (count - 1))] for i in range(count)]
+
+
+def table_steps(steps: list[int], events: list[dict[str, Any]], limit: int = MAX_TABLE_ROWS) -> list[int]:
+    """The steps the per-step table lists: every rollback and stop, the last step, steps with another event (a
+    quarter of `limit` at most, evenly spread), then evenly spaced steps up to `limit` rows in all."""
+    known = set(steps)
+    must = {e["step"] for e in events if e.get("action") in LASTING} & known
+    must |= set(steps[-1:])
+    troubled = evenly(sorted({e["step"] for e in events} & known - must), limit // 4)
+    chosen = must | set(troubled)
+    return sorted(chosen | set(evenly(steps, max(limit - len(chosen), 0))))
+
+
+def merged_by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """One row per step: its training record and the evaluation of its weight version side by side."""
+    rows: dict[int, dict[str, Any]] = {}
+    for record in records:
+        rows.setdefault(record["step"], {}).update(record)
+    return rows
+
+
+def metrics_table(records: list[dict[str, Any]], events: list[dict[str, Any]], limit: int = MAX_TABLE_ROWS) -> str:
+    rows = merged_by_step(records)
+    shown = table_steps(sorted(rows), events, limit)
     keys = [k for k in TABLE_KEYS if any(k in r for r in records)]
     head = "".join(f"<th>{html.escape(k)}</th>" for k in ["step", *keys])
+    lines = []
+    for step in shown:
+        record = rows[step]
+        cells = [str(step)] + [f"{record[k]:.4g}" if isinstance(record.get(k), (int, float)) else "" for k in keys]
+        lines.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    omitted = len(rows) - len(shown)
+    note = (
+        f'<p class="note">{len(shown)} of {len(rows)} steps listed (evenly spaced, the steps of the guard\'s events, '
+        f"the last); {omitted} omitted.</p>"
+        if omitted
+        else ""
+    )
+    return f"{note}<table><tr>{head}</tr>{''.join(lines)}</table>"
+
+
+def verdict_section(events: list[dict[str, Any]]) -> str:
+    """The verdict line, coloured by severity, and the guard's events (the first and last ones, every rollback and
+    stop)."""
+    line = f'<p class="verdict {level(events)}">Health: {html.escape(verdict(events))}</p>'
+    if not events:
+        return line
     rows = []
-    for record in records:
-        cells = [str(record["step"])] + [
-            f"{record[k]:.4g}" if isinstance(record.get(k), (int, float)) else "" for k in keys
-        ]
-        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    for row in events_shown(events):
+        if isinstance(row, int):
+            rows.append(f'<tr><td colspan="4" class="note">… {row} events omitted …</td></tr>')
+            continue
+        cells = (row.get("step"), row.get("action"), row.get("rule"), row.get("message"))
+        cells_html = "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
+        rows.append(f'<tr class="{html.escape(str(row.get("action")))}">{cells_html}</tr>')
+    head = "<tr><th>step</th><th>action</th><th>rule</th><th>message</th></tr>"
+    return f'{line}<h2>Health events ({len(events)})</h2><table class="events">{head}{"".join(rows)}</table>'
+
+
+def health_config(run_dir: Path) -> dict[str, Any] | None:
+    """The guard's bounds as the run recorded them; None for a run that did not."""
+    path = run_dir / "health_config.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 STYLE = """
@@ -126,33 +177,59 @@ pre { white-space: pre-wrap; background: #fafafa; padding: 0.6em; border: 1px so
 .search { background: #ffe08a; font-weight: bold; } .answer { background: #b7f0b1; font-weight: bold; }
 .think { color: #666; } .obs { background: #dbe9ff; display: block; margin: 0.3em 0; }
 .meta { color: #555; font-size: 12px; } .q { font-weight: bold; margin-top: 0.3em; }
-.rollout { margin-bottom: 1.2em; }
+.rollout { margin-bottom: 1.2em; } .note { color: #555; font-size: 12px; }
+.verdict { font-size: 18px; font-weight: bold; padding: 0.5em 0.8em; border-radius: 4px; }
+.verdict.healthy { background: #d8f3dc; color: #1b5e20; } .verdict.warned { background: #fff3c4; color: #7a5a00; }
+.verdict.rolled_back { background: #ffe0c2; color: #a84300; } .verdict.stopped { background: #ffd6d6; color: #a00000; }
+tr.warn td { background: #fffbe6; } tr.refuse td, tr.skip td { background: #fff1e0; }
+tr.rollback td { background: #ffe0c2; } tr.stop td { background: #ffd6d6; font-weight: bold; }
 """
 
 
-def render_report(run_dir: str | Path, examples_per_kind: int = 6) -> Path:
-    """Write RUN_DIR/report/ (PNGs + index.html) from the run's files; returns the HTML path."""
-    run_dir = Path(run_dir)
-    records = read_records(run_dir / "metrics.jsonl")
-    examples = read_records(run_dir / "rollouts.jsonl")
-    out = run_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    images = plot_curves(records, out)
+def chosen_examples(examples: list[dict[str, Any]], per_kind: int) -> list[dict[str, Any]]:
+    """Up to `per_kind` rollouts of the first and of the last step of each kind (eval, train)."""
     shown = []
     for kind in ("eval", "train"):
         of_kind = [e for e in examples if e.get("kind") == kind]
         last_step = max((e["step"] for e in of_kind), default=None)
         first_step = min((e["step"] for e in of_kind), default=None)
         for step in dict.fromkeys([first_step, last_step]):
-            shown += [e for e in of_kind if e["step"] == step][:examples_per_kind]
+            shown += [e for e in of_kind if e["step"] == step][:per_kind]
+    return shown
+
+
+def images(names: list[str]) -> str:
+    return "".join(f'<img src="{name}" alt="{name}">' for name in names)
+
+
+def render_report(run_dir: str | Path, examples_per_kind: int = 6) -> Path:
+    """Write RUN_DIR/report/ (PNGs + index.html) from the run's files; returns the HTML path."""
+    run_dir = Path(run_dir)
+    records = read_records(run_dir / "metrics.jsonl")
+    events = read_records(run_dir / "health.jsonl")
+    config = health_config(run_dir)
+    out = run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    health = plot_panels(HEALTH_PANELS, records, events, config, out)
+    curves = plot_panels(CURVES, records, events, None, out)
     page = (
         f"<html><head><meta charset='utf-8'><title>{html.escape(run_dir.name)}</title><style>{STYLE}</style></head>"
         f"<body><h1>Run {html.escape(run_dir.name)}</h1>"
-        + "".join(f'<img src="{name}" alt="{name}">' for name in images)
+        + verdict_section(events)
+        + (
+            "<h2>Health signals (guard bounds dotted red; rollbacks dashed orange; the stop dark red)</h2>"
+            if health
+            else ""
+        )
+        + images(health)
+        + "<h2>Reward, exact match, search rate</h2>"
+        + images(curves)
         + "<h2>Per-step metrics</h2>"
-        + metrics_table(records)
+        + metrics_table(records, events)
         + "<h2>Rollouts (first and last step; search calls yellow, retrieved passages blue, answers green)</h2>"
-        + "".join(render_rollout(e) for e in shown)
+        + "".join(
+            render_rollout(e) for e in chosen_examples(read_records(run_dir / "rollouts.jsonl"), examples_per_kind)
+        )
         + "</body></html>"
     )
     (out / "index.html").write_text(page)
@@ -164,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1 or not Path(args[0]).is_dir():
         print("usage: python -m slime_search.report RUN_DIR", file=sys.stderr)
         return 2
-    print(render_report(args[0]))
+    page = render_report(args[0])
+    print(f"health: {verdict(read_records(Path(args[0]) / 'health.jsonl'))}")
+    print(page)
     return 0
 
 

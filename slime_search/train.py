@@ -18,54 +18,69 @@ import logging
 import sys
 import time
 
+from slime_search.health.remedy import lr_scale, remedied_schedule
+
 logger = logging.getLogger(__name__)
 
 
-def evaluate(config, manager, sink, run, version: int) -> None:
+def evaluate(config, manager, sink, run, version: int) -> dict:
     from slime_search.ray.placement import wait_with_progress
 
     started = time.perf_counter()
     metrics, shown = wait_with_progress(manager, manager.evaluate.remote(config.log_rollout_examples), "eval")
     sink.log(version, {**metrics, "weight_version": version, "time/eval_s": time.perf_counter() - started})
     run.record_examples(version, "eval", shown)
+    return metrics
 
 
-def save(run, group, manager, steps_done: int, keep: int) -> None:
+def save(run, group, manager, steps_done: int, keep: int, protect: tuple[int, ...] = ()) -> None:
     """The actor (model, optimizer, RNG) and the rollout state in one folder that is renamed into place when complete,
     the tracker file last: a run killed mid-save resumes from the previous complete checkpoint. Then all but the
-    newest `keep` checkpoints are removed."""
+    newest `keep` checkpoints are removed, except those of `protect` (the health guard's rollback target)."""
     import ray
 
     state = run.rollout_state_file(steps_done, ray.get(manager.state_dict.remote()))
     group.save(str(run.checkpoints), steps_done, state)
-    run.prune_checkpoints(keep)
+    run.prune_checkpoints(keep, protect)
 
 
-def resume(config, run, group, manager, transport, sink, colocation) -> int:
-    """Continue after the last complete checkpoint of this run folder, if any; returns the next step."""
+def restore(run, sink, group, manager, transport, colocation, done: int) -> None:
+    """Actor, data position and engines as they were at the checkpoint of `done` steps; records of later steps are
+    dropped (they are redone)."""
     import ray
 
+    state = run.rollout_state(done)
+    colocation.for_training()
+    group.load(str(run.checkpoints), done)
+    ray.get(manager.load_state_dict.remote(state))
+    if transport is not None:
+        colocation.for_weight_push()
+        transport.push(str(done))
+    sink.drop_from(done)
+    run.drop_examples_from(done)
+
+
+def resume(config, run, group, manager, transport, sink, colocation, guard) -> int:
+    """Continue after the last complete checkpoint of this run folder, if any; returns the next step. The health
+    guard replays the records kept, and a remedy of earlier rollbacks holds again."""
     done = run.latest_checkpoint()
+    guard.rollbacks = run.rollback_count()
+    if guard.rollbacks:
+        group.set_lr_scale(lr_scale(config.health.lr_factor, guard.rollbacks))
     if done is None:
         # A run killed before its first checkpoint starts again from step 0: its records would be duplicated.
-        dropped = sink.drop_from(0) + run.drop_examples_from(0)
+        dropped = sink.drop_from(0) + run.drop_examples_from(0) + run.drop_events_from(0, guard.rollbacks)
         if dropped:
             logger.info("no checkpoint in %s: dropped %d records of an earlier attempt", run.path, dropped)
         if config.model.load and transport is not None:  # the engines started from the HF weights; give them --load's
             colocation.for_weight_push()
             transport.push("0")
         return 0
-    state = run.rollout_state(done)
-    colocation.for_training()
-    group.load(str(run.checkpoints))
-    ray.get(manager.load_state_dict.remote(state))
-    if transport is not None:
-        colocation.for_weight_push()
-        transport.push(str(done))
-    sink.drop_from(done)  # steps after the checkpoint are redone
-    run.drop_examples_from(done)
+    restore(run, sink, group, manager, transport, colocation, done)
+    run.drop_events_from(done, guard.rollbacks)
+    guard.replay(sink.read(), guard.rollbacks)
     logger.info("resumed after step %d", done)
-    return int(state["steps_done"])
+    return done
 
 
 def restart_down_engines(config, manager) -> list[str]:
@@ -116,29 +131,109 @@ def shut_down(transport, manager, group, sink) -> None:
     sink.close()
 
 
-def run_steps(config, start: int, run, sink, group, manager, transport, colocation) -> None:
-    """Steps `start`.. of the run: rollout (as --async-mode schedules it) -> GRPO step -> weight push -> records;
-    eval every --eval-interval versions and checkpoints every --save-interval steps; the final eval."""
-    import ray
+def report(events, run, guard) -> list:
+    """The guard's events: logged, recorded in RUN/health.jsonl; a stop ends the run here with its message."""
+    from slime_search.health.guard import RunStopped
 
+    for event in events:
+        level = logging.INFO if event.action == "warn" and event.rule in ("reward_errors",) else logging.WARNING
+        logger.log(level, "health %s (%s): %s", event.action, event.rule, event.message)
+    run.record_events([event.record(guard.rollbacks) for event in events])
+    stop = next((event for event in events if event.action == "stop"), None)
+    if stop is not None:
+        raise RunStopped(stop.message)
+    return list(events)
+
+
+def train_on(config, group, batch, step: int, guard, run) -> dict[str, float]:
+    """The trainer's log-probs of the batch, its health signals (stop on a damaged actor), the optimizer steps."""
+    from slime_search.health.signals import batch_signals
+
+    group.prepare(batch.samples)
+    metrics = batch_signals(batch.samples, step, config.actor.loss.tis_cap)
+    report(guard.check_batch(step, metrics), run, guard)
+    metrics.update(group.optimize(batch.samples, config.steps_per_rollout, guard.skip_above()))
+    return metrics
+
+
+def event_counts(events, guard) -> dict[str, float]:
+    counts = {f"health/{action}s": float(sum(e.action == action for e in events)) for action in ("warn", "refuse")}
+    return {**counts, "health/rollbacks": float(guard.rollbacks)}
+
+
+def roll_back(event, config, run, sink, group, manager, transport, colocation, guard, rollouts):
+    """Back to the newest checkpoint that stayed healthy before the trouble began, with the remedy of one more
+    rollback; returns the step to continue from and the new schedule. Stops the run when no rollback is left or no
+    checkpoint qualifies."""
+    from slime_search.health.guard import Event
+    from slime_search.rollout.schedule import create_schedule
+
+    if guard.rollbacks >= config.health.max_rollbacks:
+        stop = f"{event.message}; no rollback left (--max-rollbacks {config.health.max_rollbacks})"
+        report([Event(event.step, "stop", event.rule, stop, event.values)], run, guard)
+    before = int(event.values.get("since", event.step))
+    target = guard.healthy_checkpoint(run.checkpoint_steps(), before)
+    if target is None:
+        stop = (
+            f"{event.message}; no checkpoint at or before step {before} stayed healthy for "
+            f"--health-confirm-steps {config.health.confirm_steps} steps to roll back to (see --save-interval)"
+        )
+        report([Event(event.step, "stop", event.rule, stop, event.values)], run, guard)
+    rollouts.stop()
+    run.rewind_checkpoints(target)
+    guard.rolled_back(target)
+    schedule = remedied_schedule(config.schedule, guard.rollbacks)
+    scale = lr_scale(config.health.lr_factor, guard.rollbacks)
+    message = (
+        f"back to the checkpoint of step {target} ({event.rule} at step {event.step}); lr x{scale:g}, "
+        f"--async-mode {schedule.mode} (max staleness {schedule.staleness})"
+    )
+    values = {"to_step": float(target), "lr_scale": scale, "max_staleness": float(schedule.staleness)}
+    report([Event(event.step, "rollback", event.rule, message, values)], run, guard)
+    restore(run, sink, group, manager, transport, colocation, target)
+    group.set_lr_scale(scale)
+    rollouts = create_schedule(schedule, manager)
+    rollouts.start(target)
+    return target, rollouts
+
+
+def run_steps(config, start: int, run, sink, group, manager, transport, colocation, guard) -> None:
+    """Steps `start`.. of the run: rollout (as --async-mode schedules it) -> health checks -> GRPO step -> weight push
+    -> records -> the guard's review (a rollback goes back to a healthy checkpoint); eval every --eval-interval
+    versions, checkpoints every --save-interval steps, the final eval."""
     from slime_search.metrics import PhaseClock
     from slime_search.rollout.schedule import create_schedule
 
-    rollouts = create_schedule(config.schedule, manager)
+    rollouts = create_schedule(remedied_schedule(config.schedule, guard.rollbacks), manager)
     rollouts.start(start)
-    for step in range(start, config.num_rollout):
+    step = start
+    while True:
+        if step == config.num_rollout:
+            rollouts.stop()  # what is in flight is cancelled: the final evaluation runs alone
         colocation.for_generation()
         if config.eval_due(step):
-            evaluate(config, manager, sink, run, step)
+            metrics = evaluate(config, manager, sink, run, step)
+            rollback = first_rollback(report(guard.review_eval(step, metrics), run, guard))
+            if rollback is not None:
+                step, rollouts = roll_back(
+                    rollback, config, run, sink, group, manager, transport, colocation, guard, rollouts
+                )
+                continue
+        if step >= config.num_rollout:
+            return
         clock = PhaseClock()
-        samples, metrics, shown = rollouts.next_batch(step, config.log_rollout_examples)
-        run.record_examples(step, "train", shown)
+        batch = rollouts.next_batch(step, config.log_rollout_examples)
+        run.record_examples(step, "train", batch.examples)
+        metrics = batch.metrics
         clock.mark("rollout")
         restarted = restart_down_engines(config, manager)
         metrics["engines/restarted"] = float(len(restarted))
         clock.mark("engine_check")
         colocation.for_training()
-        metrics.update(group.train(samples, config.steps_per_rollout))
+        events = report(guard.check_rollout(step, metrics, batch.errors), run, guard)
+        metrics["health/step_skipped"] = float(any(e.action == "skip" for e in events))
+        if not metrics["health/step_skipped"]:
+            metrics.update(train_on(config, group, batch, step, guard, run))
         clock.mark("train")
         back = engines_back(manager, transport) if restarted else []
         clock.mark("engine_restart_wait")
@@ -148,29 +243,47 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
                 colocation.for_weight_push()
                 metrics["weight_version"] = int(transport.push(str(step + 1)))
         if back:
-            ray.get(manager.continue_generation.remote(back))
+            ray_get(manager.continue_generation.remote(back))
         rollouts.pushed(step + 1)
         clock.mark("sync")
-        sink.log(step, {**metrics, **colocation.metrics(), **clock.times(), **trainer_idle(clock)})
+        metrics.update({**colocation.metrics(), **clock.times(), **trainer_idle(clock)})
+        events += report(guard.review(step, metrics), run, guard)
+        sink.log(step, {**metrics, **event_counts(events, guard)})
+        rollback = first_rollback(events)
+        if rollback is not None:
+            step, rollouts = roll_back(
+                rollback, config, run, sink, group, manager, transport, colocation, guard, rollouts
+            )
+            continue
         if config.save_due(step + 1):
             colocation.for_weight_push()  # the actor's state must be on its device
-            save(run, group, manager, step + 1, config.keep_checkpoints)
-    rollouts.stop()
-    if config.eval_due(config.num_rollout) and start <= config.num_rollout:
-        colocation.for_generation()
-        evaluate(config, manager, sink, run, config.num_rollout)
+            target = guard.protected_checkpoint(run.checkpoint_steps())
+            save(run, group, manager, step + 1, config.keep_checkpoints, () if target is None else (target,))
+        step += 1
+
+
+def first_rollback(events):
+    return next((event for event in events if event.action == "rollback"), None)
+
+
+def ray_get(ref):
+    import ray
+
+    return ray.get(ref)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from slime_search.arguments import parse_args
+    from slime_search.arguments import parse_args, preflight
 
     args = parse_args(argv)
+    preflight(args)  # a retriever that is down is found now, not after Ray started and the models loaded
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import ray
     import torch
     from transformers import AutoConfig
 
     from slime_search.arguments import check_model_flags, run_config
+    from slime_search.health.guard import HealthGuard, RunStopped
     from slime_search.metrics import MetricsSink
     from slime_search.ray.colocation import Colocation
     from slime_search.ray.placement import create_rollout_manager
@@ -183,9 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     check_model_flags(args, hf_config)
     config = run_config(args, hf_config.vocab_size, use_gpu=torch.cuda.is_available())
     run = RunFolder(config.run_dir)
+    run.record_health_config(config.health)
     sink = MetricsSink(run.path, *config.wandb, config=vars(args))
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # the actors' warnings reach this console: each actor logs WARNING and above to its stderr, which Ray forwards
+        ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
     group = RayTrainGroup(config.train_group)
     manager = transport = None
     try:
@@ -199,11 +314,16 @@ def main(argv: list[str] | None = None) -> int:
         if config.serves_policy:  # in SFT the samples come from another engine, which takes no weights
             transport = create_transport(config.weight_sync, group, ray.get(manager.worker_urls.remote()))
             transport.connect()
-        start = resume(config, run, group, manager, transport, sink, colocation)
-        run_steps(config, start, run, sink, group, manager, transport, colocation)
+        guard = HealthGuard(config.health, config.rollout.rollout.reward_key)
+        start = resume(config, run, group, manager, transport, sink, colocation, guard)
+        run_steps(config, start, run, sink, group, manager, transport, colocation, guard)
+    except RunStopped as stopped:  # the guard's verdict: the run cannot go on; the report says why as well
+        logger.error("run stopped: %s", stopped)
         logger.info("report: %s", render_report(run.path))
+        return 1
     finally:
         shut_down(transport, manager, group, sink)
+    logger.info("report: %s", render_report(run.path))
     return 0
 
 

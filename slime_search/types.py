@@ -153,6 +153,7 @@ class TrainSample:
     rollout_log_probs: list[float] | None = None
     old_log_probs: list[float] | None = None
     ref_log_probs: list[float] | None = None
+    token_versions: list[int] | None = None  # the weight version that generated each token (-1: inserted / unknown)
 
     @classmethod
     def from_sample(cls, sample: Sample) -> TrainSample:
@@ -163,4 +164,5 @@ class TrainSample:
             loss_mask=list(sample.loss_mask),
             advantage=float(sample.metadata.get("advantage", 0.0)),
             rollout_log_probs=list(sample.rollout_log_probs),
+            token_versions=list(sample.token_versions),
         )

@@ -11,6 +11,17 @@ def parse(*extra):
     return parse_args([*BASE, "--rollout-batch-size", "4", "--n-samples-per-prompt", "8", *extra])
 
 
+def usage_error(capsys, *extra) -> str:
+    """`parse(*extra)` refused as argparse refuses a value (exit code 2, no traceback); its message."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        parse(*extra)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage:") and "Traceback" not in err
+    return err
+
+
 def test_global_batch_size_sets_optimizer_steps_per_rollout_and_must_divide_the_rollout():
     assert steps_per_rollout(parse()) == 1
     assert steps_per_rollout(parse("--global-batch-size", "8")) == 4
@@ -49,18 +60,19 @@ def test_weight_transport_defaults_to_the_fastest_one_the_placement_allows():
         parse("--update-weight-transport", "smoke-signals")
 
 
-def test_colocate_takes_the_actors_gpus_and_a_transport_that_works_on_one_gpu():
+def test_colocate_takes_the_actors_gpus_and_a_transport_that_works_on_one_gpu(capsys):
     args = parse("--colocate", "--actor-num-gpus-per-node", "4")
     assert weight_transport(args) == "tensor"
     assert weight_transport(parse("--colocate", "--update-weight-transport", "disk")) == "disk"
-    with pytest.raises(
-        SystemExit, match="NCCL cannot connect two processes on one GPU; use --update-weight-transport disk or tensor"
-    ):
-        parse("--colocate", "--update-weight-transport", "nccl")
-    with pytest.raises(SystemExit, match="actor's 4 GPUs"):
-        parse("--colocate", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "2")
-    with pytest.raises(SystemExit, match="drop --engine-url"):
-        parse("--colocate", "--engine-url", "http://127.0.0.1:1")
+    refused = "NCCL cannot connect two processes on one GPU; use --update-weight-transport disk or tensor"
+    assert refused in usage_error(capsys, "--colocate", "--update-weight-transport", "nccl")
+    assert "actor's 4 GPUs" in usage_error(
+        capsys, "--colocate", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "2"
+    )
+    assert "drop --engine-url" in usage_error(capsys, "--colocate", "--engine-url", "http://127.0.0.1:1")
+    assert "not a multiple of --rollout-num-gpus-per-engine 2" in usage_error(
+        capsys, "--colocate", "--actor-num-gpus-per-node", "3", "--rollout-num-gpus-per-engine", "2"
+    )
 
 
 def test_the_3b_run_script_passes_only_flags_the_driver_accepts():
@@ -134,20 +146,18 @@ def test_the_3b_run_script_keeps_the_retriever_off_the_training_gpus():
     assert "CUDA_VISIBLE_DEVICES=7 " in own_gpu and own_gpu.endswith("--faiss-gpu --fp16")
 
 
-def test_async_modes_are_refused_where_generation_cannot_overlap_training():
+def test_async_modes_are_refused_where_generation_cannot_overlap_training(capsys):
     from slime_search.arguments import run_config
     from slime_search.rollout.schedule import ScheduleConfig
 
     assert run_config(parse("--async-mode", "fully"), 100, use_gpu=False).schedule == ScheduleConfig("fully", 2)
     assert ScheduleConfig("one-step", 5).staleness == 1 and ScheduleConfig("fully", 3).staleness == 3
-    with pytest.raises(SystemExit, match="engines on GPUs of their own"):
-        parse("--async-mode", "one-step", "--colocate")
-    with pytest.raises(SystemExit, match="applies to RL"):
-        parse("--async-mode", "fully", "--loss-type", "sft")
-    with pytest.raises(SystemExit, match="--max-staleness must be >= 1"):
-        parse("--async-mode", "fully", "--max-staleness", "0")
-    with pytest.raises(SystemExit):  # argparse lists the modes
-        parse("--async-mode", "sometimes")
+    assert "engines on GPUs of their own" in usage_error(capsys, "--async-mode", "one-step", "--colocate")
+    assert "applies to RL" in usage_error(capsys, "--async-mode", "fully", "--loss-type", "sft")
+    assert "argument --max-staleness: must be >= 1, got 0" in usage_error(
+        capsys, "--async-mode", "fully", "--max-staleness", "0"
+    )
+    assert "invalid choice: 'sometimes'" in usage_error(capsys, "--async-mode", "sometimes")  # argparse lists modes
 
 
 def test_several_running_engines_are_given_by_address():
@@ -156,3 +166,166 @@ def test_several_running_engines_are_given_by_address():
     engines = start_engines(EngineConfig("ckpt", engine_url="http://a:1, http://b:2"), log_dir=".")
     assert engines.url == "http://a:1" and engines.worker_urls == ["http://a:1", "http://b:2"]
     assert engines.find_down() == [] and engines.slots == {}  # engines given by address are never restarted
+
+
+# Every numeric flag with the values that cannot work: each is refused when the command line is read.
+REFUSED = [
+    *[(flag, value) for flag in ("--rollout-concurrency", "--generation-concurrency", "--search-concurrency") for value in ("0", "-1")],
+    *[(flag, value) for flag in ("--search-topk", "--n-samples-per-prompt", "--rollout-batch-size", "--global-batch-size") for value in ("0", "-1")],
+    *[(flag, value) for flag in ("--max-tokens-per-gpu", "--cpu-engines", "--rollout-num-gpus-per-engine", "--engine-max-batch-size") for value in ("0", "-1")],
+    *[(flag, value) for flag in ("--max-staleness", "--update-weight-buffer-size", "--rollout-max-response-len", "--max-response-tokens") for value in ("0", "-1")],
+    *[(flag, value) for flag in ("--actor-num-nodes", "--actor-num-gpus-per-node", "--tensor-model-parallel-size", "--lr-decay-iters") for value in ("0", "-1")],
+    *[(flag, value) for flag in ("--search-timeout", "--engine-timeout", "--engine-health-timeout", "--rollout-temperature") for value in ("0", "-1")],
+    *[(flag, value) for flag in ("--tis-cap", "--tis-clip", "--mis-upper", "--mis-veto-threshold", "--max-answer-tags") for value in ("0", "-1")],
+    *[(flag, value) for flag in ("--num-layers", "--hidden-size", "--make-vocab-size-divisible-by", "--max-position-embeddings") for value in ("0", "-1")],
+    *[(flag, value) for flag in ("--rollout-top-p", "--sglang-mem-fraction-static") for value in ("0", "-1", "1.5")],
+    *[(flag, value) for flag in ("--adam-beta1", "--adam-beta2") for value in ("-1", "1")],
+    *[(flag, "-1") for flag in ("--num-rollout", "--keep-checkpoints", "--save-interval", "--eval-interval", "--log-rollout-examples")],
+    *[(flag, "-1") for flag in ("--search-retries", "--engine-retries", "--search-preflight-timeout", "--max-turns", "--max-obs-tokens")],
+    *[(flag, "-1") for flag in ("--lr", "--min-lr", "--lr-warmup-iters", "--weight-decay", "--clip-grad", "--eps-clip", "--eps-clip-high")],
+    *[(flag, "-1") for flag in ("--kl-loss-coef", "--tis-clip-low", "--mis-lower", "--rollout-num-gpus", "--seed", "--rollout-seed")],
+    ("--eps-clip-c", "1"), ("--eps-clip-c", "0"), ("--sglang-router-port", "-1"), ("--sglang-router-port", "70000"),
+    ("--rollout-concurrency", "many"), ("--lr", "nan"),
+]  # fmt: skip
+# Numeric flags any value of which can work.
+UNBOUNDED = {"--entropy-coef", "--structure-format-score", "--final-format-score", "--retrieval-score"}
+
+
+@pytest.mark.parametrize(("flag", "value"), REFUSED)
+def test_a_value_that_cannot_work_is_a_usage_error_naming_the_flag(capsys, flag, value):
+    extra = ["--use-kl-loss"] if flag == "--kl-loss-coef" else []
+    assert flag in usage_error(capsys, *extra, flag, value)
+
+
+def test_every_numeric_flag_has_a_checked_type_or_a_refusal_test():
+    from slime_search.arguments import build_parser
+
+    refused = {flag for flag, _ in REFUSED}
+    for action in build_parser()._actions:
+        if action.option_strings and action.type is not None:
+            names = set(action.option_strings)
+            assert action.type not in (int, float) or names & (UNBOUNDED | refused), f"{names} is not range-checked"
+
+
+@pytest.mark.parametrize("module", ["slime_search.arguments", "slime_search.eval"])
+def test_every_flag_has_help_text(module):
+    import importlib
+
+    parser = importlib.import_module(module).build_parser()
+    missing = [a.option_strings[0] for a in parser._actions if a.option_strings and not (a.help or "").strip()]
+    assert missing == []
+
+
+def test_engine_gpus_tensor_parallel_and_task_flags_are_usage_errors(capsys):
+    assert "--rollout-num-gpus 3 is not a multiple of --rollout-num-gpus-per-engine 2" in usage_error(
+        capsys, "--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"
+    )
+    assert "--tensor-model-parallel-size 2 must divide the actor's 3 ranks" in usage_error(
+        capsys, "--actor-num-gpus-per-node", "3", "--tensor-model-parallel-size", "2"
+    )
+    # the Search-R1 plugin's check_args builds its settings now, not on the first sample inside a Ray actor
+    assert "--max-turns 0 with --no-final-turn" in usage_error(capsys, "--max-turns", "0", "--no-final-turn")
+    assert "--serper-replay-only needs --serper-cache" in usage_error(
+        capsys, "--search-backend", "serper", "--serper-replay-only"
+    )
+    assert "module 'no_such_plugin' not found" in usage_error(
+        capsys, "--custom-generate-function-path", "no_such_plugin.generate"
+    )
+    assert "has no attribute 'nothing'" in usage_error(
+        capsys, "--custom-rm-path", "slime_search.search_r1.reward.nothing"
+    )
+    assert parse("--num-rollout", "0").num_rollout == 0  # no training: the final evaluation of the start weights
+
+
+def test_slime_spellings_are_accepted(capsys):
+    from slime_search.arguments import rollout_manager_config
+
+    assert parse("--loss-type", "sft_loss").loss_type == "sft"
+    assert parse("--tis-clip", "3").tis_cap == 3.0 and parse("--tis-cap", "3").tis_cap == 3.0
+    args = parse("--disable-grpo-std-normalization")
+    assert args.advantage_estimator == "dr_grpo" and parse().advantage_estimator == "grpo"
+    assert not rollout_manager_config(args, engines=None).rollout.normalize_advantages_std
+    assert parse("--optimizer", "adam").optimizer == "adam"
+    assert "invalid choice: 'sgd'" in usage_error(capsys, "--optimizer", "sgd")
+
+
+def test_dual_clip_per_token_loss_and_the_general_importance_weights_reach_the_loss(capsys):
+    from slime_search.algo.importance import ISConfig
+
+    loss = actor_config(parse("--eps-clip-c", "3", "--calculate-per-token-loss"), vocab_size=100).loss
+    assert (loss.eps_clip_c, loss.reduction, loss.mis, loss.use_tis) == (3.0, "token_mean", None, False)
+    assert actor_config(parse(), vocab_size=100).loss.reduction == "sequence_mean"
+    mis = ["--use-mis", "--mis-level", "sequence", "--mis-mode", "mask", "--mis-upper", "3", "--mis-lower", "0.5"]
+    loss = actor_config(parse(*mis, "--mis-veto-threshold", "1e-4"), vocab_size=100).loss
+    assert loss.mis == ISConfig("sequence", "mask", 3.0, 0.5, veto_threshold=1e-4, batch_normalize=True)
+    assert not actor_config(parse("--use-mis", "--no-mis-batch-normalize"), 100).loss.mis.batch_normalize
+    assert "not both" in usage_error(capsys, "--use-mis", "--use-tis")
+    assert "--mis-lower (by default 1 / --mis-upper = 2) must be below --mis-upper 0.5" in usage_error(
+        capsys, "--use-mis", "--mis-upper", "0.5"
+    )
+    assert "--mis-lower 3 must be below --mis-upper 3" in usage_error(
+        capsys, "--use-mis", *mis[-4:-2], "--mis-lower", "3"
+    )
+    assert "--tis-clip-low 2 must be below --tis-clip 2" in usage_error(capsys, "--use-tis", "--tis-clip-low", "2")
+    for weights in ("--use-tis", "--use-mis"):
+        assert "--rollout-top-p 0.9 with --use-tis/--use-mis" in usage_error(capsys, weights, "--rollout-top-p", "0.9")
+    assert parse("--rollout-top-p", "0.9").rollout_top_p == 0.9  # without importance weights a nucleus is fine
+
+
+def test_tis_clip_low_clamps_the_weights_from_below():
+    import math
+
+    import torch
+
+    from slime_search.algo.importance import compute_is_weights, vanilla_tis_weights
+
+    old = torch.tensor([math.log(0.25), math.log(1.5), math.log(3.0)])  # rollout log-probs 0: the ratios themselves
+    rollout, mask = torch.zeros(3), torch.ones(3)
+    plain = actor_config(parse("--use-tis"), vocab_size=100).loss
+    assert plain.use_tis and plain.mis is None
+    assert vanilla_tis_weights(old, rollout, plain.tis_cap).tolist() == pytest.approx([0.25, 1.5, 2.0])
+    low = actor_config(parse("--use-tis", "--tis-clip-low", "0.5"), vocab_size=100).loss
+    assert not low.use_tis and not low.mis.batch_normalize
+    # slime's clamp(w, 0.5, 2): 0.25 -> 0.5, 1.5 stays, 3 -> 2
+    assert compute_is_weights(old, rollout, mask, [3], low.mis).weights.tolist() == pytest.approx([0.5, 1.5, 2.0])
+
+
+def test_a_decay_style_without_decay_iters_decays_over_the_whole_run():
+    from slime_search.backends.megatron.optimizer import learning_rate
+
+    # 2 rollouts x 4 optimizer steps each (32 samples / --global-batch-size 8)
+    args = parse("--lr-decay-style", "cosine", "--global-batch-size", "8", "--lr", "1e-3", "--min-lr", "1e-4")
+    optim = actor_config(args, vocab_size=100).optim
+    assert optim.lr_decay_iters == 8
+    assert [learning_rate(step, optim) for step in (0, 4, 8)] == pytest.approx([1e-3, 5.5e-4, 1e-4])
+    assert actor_config(parse("--lr-decay-style", "linear", "--lr-decay-iters", "5"), 100).optim.lr_decay_iters == 5
+    assert actor_config(parse(), vocab_size=100).optim.lr_decay_iters is None  # constant
+
+
+def test_seed_reaches_the_actor_ranks_and_the_engines(monkeypatch):
+    from slime_search.arguments import run_config
+    from slime_search.backends.megatron import distributed
+    from slime_search.ray.train_group import TrainRank
+
+    config = run_config(parse("--seed", "99"), vocab_size=100, use_gpu=False)
+    assert config.train_group.seed == 99 and config.rollout.engines.seed == 99
+    calls = []
+    monkeypatch.setattr(distributed, "init_megatron", lambda *args, **kw: calls.append((args, kw)))
+    TrainRank(0, 1, 1).init_distributed("127.0.0.1", 1234, config.train_group.seed)
+    assert calls == [((0, 1, 1, 1234, "127.0.0.1"), {"seed": 99})]
+
+
+def test_model_flags_that_shape_the_model_are_passed_to_it():
+    from types import SimpleNamespace
+
+    from slime_search.arguments import model_source
+    from slime_search.backends.megatron.model import ModelOptions
+
+    hf_config = SimpleNamespace(rope_theta=1e6, max_position_embeddings=4096, rms_norm_eps=1e-6)
+    overrides = model_source(parse()).model_overrides
+    assert "make_vocab_size_divisible_by" not in overrides and "max_position_embeddings" not in overrides
+    options = ModelOptions.from_hf_config(hf_config, **overrides)
+    assert (options.make_vocab_size_divisible_by, options.max_position_embeddings) == (128, 4096)
+    flags = ("--make-vocab-size-divisible-by", "100", "--max-position-embeddings", "2048")
+    options = ModelOptions.from_hf_config(hf_config, **model_source(parse(*flags)).model_overrides)
+    assert (options.make_vocab_size_divisible_by, options.max_position_embeddings) == (100, 2048)

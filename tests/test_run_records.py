@@ -5,6 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from slime_search.health.config import HealthConfig
+from slime_search.health.guard import HealthGuard
 from slime_search.metrics import MetricsSink
 from slime_search.run_folder import RunFolder
 from slime_search.train import resume
@@ -38,14 +40,47 @@ def test_a_run_killed_before_its_first_checkpoint_is_recorded_once_per_step_when
         run.record_examples(step, "train", [{"prompt": "p", "segments": []}])
     with open(sink.path, "a") as handle:
         handle.write('{"step": 2, "train/lo')
+    run.record_events([{"step": 1, "action": "warn", "rule": "logprob_gap", "message": "", "attempt": 0}])
     config = SimpleNamespace(model=SimpleNamespace(load=None))  # nothing to push: the engines serve the HF weights
-    assert resume(config, run, None, None, None, sink, None) == 0
-    assert sink.read() == [] and read_records(run.examples) == []
+    assert resume(config, run, None, None, None, sink, None, HealthGuard(HealthConfig())) == 0
+    assert sink.read() == [] and read_records(run.examples) == [] and run.events() == []
     for step in range(3):
         sink.log(step, {"train/loss": 0.5})
         run.record_examples(step, "train", [{"prompt": "p", "segments": []}])
     assert [r["step"] for r in sink.read()] == [0, 1, 2]
     assert [json.loads(line)["step"] for line in run.examples.read_text().splitlines()] == [0, 1, 2]
+
+
+def test_a_resume_forgets_the_warnings_it_will_redo_and_keeps_the_rollbacks(tmp_path):
+    run = RunFolder(tmp_path)
+    events = [
+        {"step": 3, "action": "warn", "attempt": 0},
+        {"step": 6, "action": "warn", "attempt": 0},  # the timeline a rollback abandoned: history, kept
+        {"step": 6, "action": "rollback", "attempt": 0},
+        {"step": 5, "action": "warn", "attempt": 1},  # after the checkpoint of step 4, in the current attempt: redone
+        {"step": 5, "action": "stop", "attempt": 1},
+    ]
+    run.record_events(events)
+    assert run.drop_events_from(4, attempt=1) == 1
+    assert run.events() == [e for e in events if e["attempt"] == 0 or e["action"] == "stop"]
+    assert run.rollback_count() == 1
+
+
+def test_a_rollback_rewinds_the_tracker_and_removes_the_checkpoints_it_undid(tmp_path):
+    from slime_search.backends.megatron.checkpoint import latest_iteration, prune_iterations, rewind_to
+
+    make_checkpoints(tmp_path / "a", [2, 4, 6, 8], tracked=8)
+    assert rewind_to(tmp_path / "a", 4) == [6, 8]
+    assert latest_iteration(tmp_path / "a") == 4 and sorted(p.name for p in (tmp_path / "a").glob("iter_*")) == [
+        "iter_0000002",
+        "iter_0000004",
+        "iter_0000009.partial",
+    ]
+    with pytest.raises(FileNotFoundError, match="iteration 5"):
+        rewind_to(tmp_path / "a", 5)
+    # the guard's rollback target is never pruned
+    make_checkpoints(tmp_path / "b", [1, 2, 3, 4, 5], tracked=5)
+    assert prune_iterations(tmp_path / "b", keep=2, protect=(2,)) == [1, 3]
 
 
 def make_checkpoints(root, iterations, tracked):

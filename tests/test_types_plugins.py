@@ -70,3 +70,40 @@ def test_load_function_errors_name_what_failed(tmp_path, monkeypatch):
         load_function("plugin_ok.VALUE")
     with pytest.raises(PluginLoadError, match="dotted path"):
         load_function("justaname")
+
+
+def test_the_generate_modules_check_args_and_preflight_hooks_are_optional(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from slime_search.plugins import check_plugin_args, run_preflight
+
+    (tmp_path / "plugin_hooks.py").write_text(
+        textwrap.dedent(
+            """
+            async def generate(args, sample, sampling_params):
+                return sample
+
+            def check_args(args):
+                if args.turns < 0:
+                    raise ValueError(f"--turns must be >= 0, got {args.turns}")
+
+            def preflight(args):
+                args.seen.append("preflight")
+            """
+        )
+    )
+    (tmp_path / "plugin_plain.py").write_text("async def generate(args, sample, sampling_params):\n    return sample\n")
+    (tmp_path / "plugin_odd_hook.py").write_text("check_args = 3\n\nasync def generate(args, sample, p):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = SimpleNamespace(turns=1, seen=[])
+    check_plugin_args("plugin_hooks.generate", args)
+    run_preflight("plugin_hooks.generate", args)
+    assert args.seen == ["preflight"]
+    with pytest.raises(ValueError, match="--turns must be >= 0"):
+        check_plugin_args("plugin_hooks.generate", SimpleNamespace(turns=-1))
+    check_plugin_args("plugin_plain.generate", args)  # no hooks: nothing to check
+    run_preflight("plugin_plain.generate", args)
+    with pytest.raises(PluginLoadError, match="plugin_odd_hook.check_args must be a function"):
+        check_plugin_args("plugin_odd_hook.generate", args)
+    with pytest.raises(PluginLoadError, match="has no attribute 'missing'"):  # the plugin path itself is checked
+        run_preflight("plugin_hooks.missing", args)

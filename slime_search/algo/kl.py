@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+LOG_RATIO_BOUND = 20.0  # before exp: beyond it float32 is near overflow and k3 is clamped anyway
 
 
 def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -14,7 +15,10 @@ def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str)
       k1 = log_ratio                         unbiased, high variance, can be negative
       k2 = log_ratio**2 / 2                  biased, low variance
       k3 = exp(-log_ratio) - 1 + log_ratio   unbiased, >= 0 ("low_var_kl"), clamped to [-10, 10]
-    The clamp keeps one token with a collapsed reference probability from dominating the loss.
+    The clamp keeps one token with a collapsed reference probability from dominating the loss. Before exp the
+    log-ratio is clamped to +-20 (as verl does): k3 is at its clamp of 10 long before that, so no value changes, but
+    exp(-log_ratio) no longer overflows float32 when the reference is ~89 nats above the policy, which made the
+    gradient 0 * inf = NaN at that token, masked or not, and so the whole step's.
     """
     if log_probs.shape != ref_log_probs.shape:
         raise ValueError(f"shapes differ: {tuple(log_probs.shape)} vs {tuple(ref_log_probs.shape)}")
@@ -24,7 +28,8 @@ def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str)
     if kind == "k2":
         return log_ratio.square() / 2.0
     if kind in ("k3", "low_var_kl"):
-        return torch.clamp(torch.exp(-log_ratio) - 1.0 + log_ratio, min=-10.0, max=10.0)
+        bounded = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        return torch.clamp(torch.exp(-bounded) - 1.0 + bounded, min=-10.0, max=10.0)
     raise ValueError(f"unknown KL estimator {kind!r}; valid: {', '.join(KL_ESTIMATORS)}")
 
 

@@ -169,6 +169,7 @@ def start_sglang_engines(config: EngineConfig, gpu_ids: list[str] | None) -> Eng
         first_port=free_port(),
         mem_fraction_static=config.mem_fraction_static,
         extra_args=("--enable-memory-saver",) if config.memory_saver else (),
+        seed=config.seed,
     )
     env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids))} if gpu_ids else None
     deployment = sglang_launch.launch(specs, "127.0.0.1", config.router_port, env=env)

@@ -31,6 +31,7 @@ class SGLangEngineSpec:
     mem_fraction_static: float = 0.8
     host: str = "127.0.0.1"
     weight_version: str = "0"  # served before the first update (SGLang's own default is "default")
+    random_seed: int | None = None  # SGLang's --random-seed (its default: a random one)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -55,6 +56,7 @@ class SGLangEngineSpec:
             str(self.mem_fraction_static),
             "--weight-version",
             self.weight_version,
+            *(["--random-seed", str(self.random_seed)] if self.random_seed is not None else []),
             *self.extra_args,
         ]
 
@@ -68,8 +70,10 @@ def engine_specs(
     host: str = "127.0.0.1",
     first_gpu: int = 0,
     extra_args: tuple[str, ...] = (),
+    seed: int | None = None,
 ) -> list[SGLangEngineSpec]:
-    """`--rollout-num-gpus` split into engines of `--rollout-num-gpus-per-engine` GPUs each."""
+    """`--rollout-num-gpus` split into engines of `--rollout-num-gpus-per-engine` GPUs each; engine i is seeded with
+    `seed + i` (--seed), so that the engines draw different samples for the same prompt."""
     if gpus_per_engine <= 0 or num_gpus % gpus_per_engine:
         raise ValueError(
             f"--rollout-num-gpus {num_gpus} is not a multiple of --rollout-num-gpus-per-engine {gpus_per_engine}"
@@ -82,6 +86,7 @@ def engine_specs(
             base_gpu_id=first_gpu + i * gpus_per_engine,
             mem_fraction_static=mem_fraction_static,
             host=host,
+            random_seed=None if seed is None else seed + i,
             extra_args=tuple(extra_args),
         )
         for i in range(num_gpus // gpus_per_engine)

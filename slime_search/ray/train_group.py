@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_search.types import TrainSample
+from slime_search.utils.actor_logging import log_to_run_folder
 from slime_search.weight_sync.rank import WeightSyncRank
 
 
@@ -21,6 +22,8 @@ class TrainGroupConfig:
     tp_size: int = 1
     use_gpu: bool = False
     cpus_per_rank: float = 0.5
+    seed: int = 1234  # --seed: every rank's RNGs (Megatron's model-parallel RNG adds the TP rank)
+    log_dir: str = ""  # the run folder: each rank logs to train_rank_N.log there ("": no log file)
 
     @property
     def dp_size(self) -> int:
@@ -48,6 +51,32 @@ def create_placement_group(config: TrainGroupConfig):
     group = placement_group([dict(bundle) for _ in range(config.num_ranks)], strategy="PACK")
     ray.get(group.ready())
     return group
+
+
+def reduce_over_data_parallel(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One step's metrics from each data-parallel rank's: a rank reports its share of every global-batch quantity
+    (normalised by the global token and sequence counts, so the shares add up), and a few values whole (the gradient
+    norm, whether the step was applied, what the ranks all-reduced themselves: `REPLICATED_METRICS`)."""
+    from slime_search.backends.megatron.actor import REPLICATED_METRICS
+
+    out: dict[str, float] = {}
+    for name in per_rank[0]:
+        values = [metrics[name] for metrics in per_rank]
+        out[name] = values[0] if name in REPLICATED_METRICS else sum(values)
+    return out
+
+
+def split_into_steps(samples: list, steps: int) -> list[list]:
+    """`steps` consecutive parts as equal as can be (the first ones one longer): every sample is trained on."""
+    if steps <= 0:
+        raise ValueError(f"optimizer steps per rollout must be > 0, got {steps}")
+    size, extra = divmod(len(samples), steps)
+    parts, start = [], 0
+    for k in range(steps):
+        stop = start + size + (1 if k < extra else 0)
+        parts.append(samples[start:stop])
+        start = stop
+    return parts
 
 
 def split_for_data_parallel(samples: list, dp_size: int) -> list[list]:
@@ -79,14 +108,31 @@ def rank_options(config: TrainGroupConfig) -> dict[str, Any]:
     }
 
 
+def mean_step_metrics(history: list[dict[str, float]]) -> dict[str, float]:
+    """The optimizer steps of one rollout as one record: means under train/, the largest gradient norm and the number
+    of steps applied (a refused update is a count the guard reads, not a fraction)."""
+    out: dict[str, float] = {}
+    for name in {name for step in history for name in step}:
+        values = [step[name] for step in history if name in step]
+        out[f"train/{name}"] = sum(values) / len(values)
+    norms = [step["grad_norm"] for step in history if "grad_norm" in step]
+    if norms:
+        out["train/grad_norm_max"] = max(norms, key=lambda n: n if n == n else float("inf"))  # a NaN wins
+    out["train/steps_applied"] = float(sum(step.get("step_applied", 0.0) for step in history))
+    out["train/steps"] = float(len(history))
+    return out
+
+
 class TrainRank(WeightSyncRank):
     """One Megatron rank inside a Ray actor (wrapped by ray.remote in RayTrainGroup)."""
 
-    def __init__(self, rank: int, world_size: int, tp_size: int):
+    def __init__(self, rank: int, world_size: int, tp_size: int, log_dir: str = ""):
         import os
 
         import torch
 
+        if log_dir:
+            log_to_run_folder(log_dir, f"train_rank_{rank}")
         if not torch.cuda.is_available():  # Ray sets one thread for fractional-CPU actors; share the cores instead
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         self.rank, self.world_size, self.tp_size = rank, world_size, tp_size
@@ -102,10 +148,10 @@ class TrainRank(WeightSyncRank):
 
         return ray.util.get_node_ip_address(), free_port()
 
-    def init_distributed(self, master_address: str, master_port: int) -> None:
+    def init_distributed(self, master_address: str, master_port: int, seed: int = 1234) -> None:
         from slime_search.backends.megatron.distributed import init_megatron
 
-        init_megatron(self.rank, self.world_size, self.tp_size, master_port, master_address)
+        init_megatron(self.rank, self.world_size, self.tp_size, master_port, master_address, seed=seed)
 
     def distributed_address(self) -> tuple[str, int]:
         """Where this rank's process group met, and its size."""
@@ -150,18 +196,21 @@ class TrainRank(WeightSyncRank):
     def compute_log_probs(self, samples) -> list[list[float]]:
         return self.actor.compute_log_probs(samples)
 
-    def train_step(self, samples) -> dict[str, float]:
-        return self.actor.train_step(samples)
+    def train_step(self, samples, skip_above: float | None = None) -> dict[str, float]:
+        return self.actor.train_step(samples, skip_above)
+
+    def set_lr_scale(self, scale: float) -> None:
+        self.actor.optimizer.lr_scale = scale
 
     def save(self, root: str, iteration: int, extra_files: dict[str, str] | None = None) -> None:
         from slime_search.backends.megatron.checkpoint import save_actor
 
         save_actor(self.actor, root, iteration, extra_files)
 
-    def load(self, root: str) -> int:
+    def load(self, root: str, iteration: int | None = None) -> int:
         from slime_search.backends.megatron.checkpoint import load_actor
 
-        return load_actor(self.actor, root)
+        return load_actor(self.actor, root, iteration)
 
     def offload(self) -> int:
         """Give the device memory of the actor (and the KL reference) to colocated engines; returns bytes."""
@@ -191,12 +240,12 @@ class RayTrainGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement_group, placement_group_bundle_index=r
                 ),
-            ).remote(r, config.num_ranks, config.tp_size)
+            ).remote(r, config.num_ranks, config.tp_size, config.log_dir)
             for r in range(config.num_ranks)
         ]
         # the rendezvous is on rank 0's node, wherever the placement group put it (another node than the driver's)
         self.master_address, port = ray.get(self.ranks[0].rendezvous_address.remote())
-        self.on_all_ranks("init_distributed", self.master_address, port)
+        self.on_all_ranks("init_distributed", self.master_address, port, config.seed)
 
     def on_all_ranks(self, method: str, *args) -> list[Any]:
         """`method(*args)` on every rank at once; the answers in rank order."""
@@ -229,18 +278,20 @@ class RayTrainGroup:
         """Per data-parallel shard, the reference model's log-probs."""
         return self._log_probs("compute_ref_log_probs", shards)
 
-    def train_step(self, shards: list[list[Any]]) -> dict[str, float]:
-        """One optimizer step; returns rank 0's metrics with the loss summed over data-parallel ranks."""
-        results = self._on_data_shards("train_step", shards)
-        metrics = dict(results[0])
-        metrics["loss"] = sum(results[d * self.config.tp_size]["loss"] for d in range(self.config.dp_size))
-        return metrics
+    def train_step(self, shards: list[list[Any]], skip_above: float | None = None) -> dict[str, float]:
+        """One optimizer step; the metrics of the whole batch (reduced over the data-parallel ranks)."""
+        import ray
 
-    def train(self, samples: list[TrainSample], steps: int) -> dict[str, float]:
-        """Old (and, with a reference, reference) log-probs for the whole rollout, then `steps` optimizer steps on
-        equal consecutive parts of it; returns the steps' mean metrics under train/."""
-        dp_size = self.config.dp_size
-        shards = split_for_data_parallel(samples, dp_size)
+        if len(shards) != self.config.dp_size:
+            raise ValueError(f"{len(shards)} data shards for {self.config.dp_size} data-parallel ranks")
+        tp = self.config.tp_size
+        results = ray.get([rank.train_step.remote(shards[r // tp], skip_above) for r, rank in enumerate(self.ranks)])
+        return reduce_over_data_parallel([results[d * tp] for d in range(self.config.dp_size)])
+
+    def prepare(self, samples: list[TrainSample]) -> None:
+        """The policy's log-probs before any step (PPO's old policy) and, with a reference, the reference's, set on
+        every sample of the rollout."""
+        shards = split_for_data_parallel(samples, self.config.dp_size)
         for shard, log_probs in zip(shards, self.compute_log_probs(shards), strict=True):
             for sample, values in zip(shard, log_probs, strict=True):
                 sample.old_log_probs = values
@@ -248,20 +299,32 @@ class RayTrainGroup:
             for shard, log_probs in zip(shards, self.compute_ref_log_probs(shards), strict=True):
                 for sample, values in zip(shard, log_probs, strict=True):
                     sample.ref_log_probs = values
-        per_step = len(samples) // steps
-        metrics: dict[str, float] = {}
-        for k in range(steps):
-            chunk = split_for_data_parallel(samples[k * per_step : (k + 1) * per_step], dp_size)
-            for name, value in self.train_step(chunk).items():
-                metrics[f"train/{name}"] = metrics.get(f"train/{name}", 0.0) + value / steps
-        return metrics
+
+    def optimize(self, samples: list[TrainSample], steps: int, skip_above: float | None = None) -> dict[str, float]:
+        """`steps` optimizer steps on consecutive parts of the prepared rollout, as equal as can be; returns the
+        steps' mean metrics under train/ (the largest gradient norm as train/grad_norm_max, the steps applied as a
+        count). An update whose gradient norm is not finite or above `skip_above` is not applied."""
+        parts = split_into_steps(samples, steps)
+        return mean_step_metrics(
+            [self.train_step(split_for_data_parallel(part, self.config.dp_size), skip_above) for part in parts]
+        )
+
+    def train(self, samples: list[TrainSample], steps: int, skip_above: float | None = None) -> dict[str, float]:
+        """`prepare`, then `optimize`."""
+        self.prepare(samples)
+        return self.optimize(samples, steps, skip_above)
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Every rank's learning rate from now on is the schedule's times `scale` (a rollback's remedy)."""
+        self.on_all_ranks("set_lr_scale", scale)
 
     def save(self, root: str, iteration: int, extra_files: dict[str, str] | None = None) -> None:
         """A checkpoint of every rank, with `extra_files` (name -> text) beside it; complete or absent."""
         self.on_all_ranks("save", root, iteration, extra_files)
 
-    def load(self, root: str) -> int:
-        return self.on_all_ranks("load", root)[0]
+    def load(self, root: str, iteration: int | None = None) -> int:
+        """Every rank loads the checkpoint of `iteration` (the tracked one by default)."""
+        return self.on_all_ranks("load", root, iteration)[0]
 
     def offload(self) -> int:
         """Every rank gives its device memory to colocated engines; returns the bytes released on rank 0."""

@@ -26,6 +26,7 @@ from slime_search.rollout.rollout import RolloutConfig
 from slime_search.rollout.sample_metrics import check_engines_served, rollout_metrics, sample_record, staleness_metrics
 from slime_search.rollout.stream import ActivityClock, RolloutStream, StreamConfig
 from slime_search.types import Sample, TrainSample
+from slime_search.utils.actor_logging import log_to_run_folder
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,16 @@ class RolloutManagerConfig:
     eval_sampling_params: dict[str, Any] = field(default_factory=dict)  # evaluation (greedy)
     eval_sets: tuple[tuple[str, str], ...] = ()  # (name, path) of every --eval-prompt-data set
     log_dir: str = "."  # where the engines' logs go
+
+
+@dataclass
+class RolloutBatch:
+    """What one step trains on and what it says about how it was made."""
+
+    samples: list[TrainSample]  # the trainable samples, with GRPO advantages
+    metrics: dict[str, float]
+    examples: list[dict]  # rendered samples for the report
+    errors: dict[str, str] = field(default_factory=dict)  # failure cause -> its first message (finish_reason: text)
 
 
 def plugin_args_for(args: Any, engines) -> argparse.Namespace:
@@ -92,14 +103,15 @@ def evaluation_samples(
     return samples
 
 
-def train_batch(groups: list[list[Sample]], config: RolloutConfig, examples: int):
-    """GRPO advantages, the trainer's samples, and `examples` rendered samples of a batch of groups."""
-    from slime_search.rollout.rollout import assign_advantages
+def train_batch(groups: list[list[Sample]], config: RolloutConfig, metrics: dict[str, float], examples: int):
+    """GRPO advantages and the trainer's samples of a batch of groups, with its metrics, `examples` rendered samples
+    and the first error of each kind of failure."""
+    from slime_search.rollout.rollout import assign_advantages, first_errors
 
     everything = [s for g in groups for s in g]
     samples = assign_advantages(everything, config.reward_key, config.normalize_advantages_std)
     shown = [sample_record(s, config.reward_key) for s in everything[:examples]]
-    return [TrainSample.from_sample(s) for s in samples], shown
+    return RolloutBatch([TrainSample.from_sample(s) for s in samples], metrics, shown, first_errors(everything))
 
 
 def idle_metric(clock: ActivityClock) -> dict[str, float]:
@@ -111,6 +123,7 @@ class RolloutManager:
     def __init__(self, config: RolloutManagerConfig, plugin_args, gpu_ids: list[str] | None = None):
         from slime_search.engines.deployment import start_engines
 
+        log_to_run_folder(config.log_dir, "rollout_manager")  # first, so that the engines' start is in it too
         self.config = config
         self.engines = start_engines(config.engines, Path(config.log_dir), gpu_ids)
         self.plugin_args = plugin_args_for(plugin_args, self.engines)
@@ -136,7 +149,7 @@ class RolloutManager:
     def _run(self, source, config: RolloutConfig, params: dict, clock: ActivityClock | None = None):
         return run_rollout(self.plugins, self.plugin_args, source, config, params, self._count, clock)
 
-    def generate(self, examples: int = 0) -> tuple[list[TrainSample], dict[str, float], list[dict]]:
+    def generate(self, examples: int = 0) -> RolloutBatch:
         """One training rollout: train samples with GRPO advantages, metrics, and `examples` rendered samples."""
         config = self.config.rollout
         groups, metrics = self._run(self.source, config, self.config.sampling_params, self.clock)
@@ -144,8 +157,7 @@ class RolloutManager:
         check_engines_served(everything)
         metrics.update(rollout_metrics(everything))
         metrics.update(idle_metric(self.clock))
-        samples, shown = train_batch(groups, config, examples)
-        return samples, metrics, shown
+        return train_batch(groups, config, metrics, examples)
 
     # ---- asynchronous training: a stream of groups ---------------------------------------------------------------
     def start_stream(self, max_staleness: int, policy_version: int) -> None:
@@ -175,8 +187,7 @@ class RolloutManager:
         metrics.update(staleness_metrics(everything, trainer_version))
         metrics.update(self.stream.counts())
         metrics.update(idle_metric(self.clock))
-        samples, shown = train_batch(groups, config, examples)
-        return samples, metrics, shown
+        return train_batch(groups, config, metrics, examples)
 
     def stop_stream(self) -> None:
         """No more batches are needed: what is in flight is cancelled (the final evaluation runs alone)."""

@@ -1,11 +1,18 @@
 """One rollout: n samples per prompt through the generate and reward plugins, optional filtering of groups
 without signal (with over-sampling to keep the batch full), and GRPO advantages by group.
+
+What the plugins return is checked before it can reach the loss: a sample whose engine log-probs are not finite, or
+whose reward is not a finite number (NaN, inf, None, a string) or whose reward plugin raised, becomes FAILED with the
+reason in its metadata (`finish_reason`, `error`) and leaves the loss, like a failed search; the driver decides, by
+rate, whether the step may train on the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +48,57 @@ def reward_value(reward: float | dict, key: str) -> float:
     return float(reward)
 
 
+def plugin_name(function: Callable) -> str:
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
+
+
+def reward_problem(reward: Any, key: str) -> str | None:
+    """Why a reward cannot train (None when it can): the training value, `reward[key]` of a dict, must be a real,
+    finite number. A dict without `key` is a configuration error, raised as such."""
+    value = reward
+    if isinstance(reward, dict):
+        if key not in reward:
+            raise KeyError(f"the reward plugin returned {sorted(reward)}; set --reward-key to one of them")
+        value = reward[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        return f"returned {value!r} ({type(value).__name__}), not a number"
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as err:
+        return f"returned {value!r}, not a number ({err})"
+    return None if math.isfinite(number) else f"returned {number}"
+
+
+def fail(sample: Sample, reason: str, message: str) -> None:
+    sample.status = Status.FAILED
+    sample.metadata["finish_reason"] = reason
+    sample.metadata["error"] = message
+    logger.info("sample %s failed (%s): %s", sample.index, reason, message)
+
+
+async def score(args, sample: Sample, reward: RewardFn, key: str) -> None:
+    """Reward a generated sample, or fail it: engine log-probs that are not finite, a reward that is not a finite
+    number, or a reward plugin that raised (a judge endpoint timing out) never reach the advantages."""
+    bad = sum(not math.isfinite(lp) for lp in sample.rollout_log_probs)
+    if bad:
+        fail(sample, "nonfinite_logprob", f"the engine returned {bad} log-probs that are not finite")
+        return
+    try:
+        value = await reward(args, sample)
+    except Exception as err:  # noqa: BLE001 - a plugin's fault costs its sample; the driver stops on a rate of them
+        fail(
+            sample,
+            "reward_error",
+            f"reward plugin {plugin_name(reward)} raised on sample {sample.index}: {type(err).__name__}: {err}",
+        )
+        return
+    problem = reward_problem(value, key)
+    if problem is not None:
+        fail(sample, "reward_error", f"reward plugin {plugin_name(reward)} {problem} for sample {sample.index}")
+        return
+    sample.reward = value
+
+
 async def _one_sample(
     args,
     item: PromptItem,
@@ -51,12 +109,13 @@ async def _one_sample(
     params: dict,
     slots: asyncio.Semaphore,
     done: Callable[[Sample], Sample],
+    reward_key: str = "score",
 ) -> Sample:
     sample = Sample(prompt=item.prompt, label=item.label, group_index=group, index=index, metadata=dict(item.metadata))
     async with slots:
         sample = await generate(args, sample, dict(params))
     if sample.trainable:
-        sample.reward = await reward(args, sample)
+        await score(args, sample, reward, reward_key)
     return done(sample)
 
 
@@ -112,6 +171,7 @@ async def generate_rollout(
                             sampling_params,
                             slots,
                             finished,
+                            config.reward_key,
                         )
                         for j in range(config.n_samples_per_prompt)
                     )
@@ -129,19 +189,66 @@ async def generate_rollout(
 
 
 def batch_metrics(groups: list[list[Sample]], dropped: int, reward_key: str) -> dict[str, float]:
-    """Groups kept and dropped, failures, truncations, mean reward and response length of a batch."""
+    """What a batch of groups says before training on it: groups kept and dropped, the share of groups without reward
+    signal, failed samples by cause, truncations, the reward's mean and spread (and the mean of every other numeric
+    key the reward plugin returns: format validity, EM, ...), and response lengths."""
+    from slime_search.metrics import percentile
+
     samples = [s for g in groups for s in g]
+    n = len(samples)
+    causes = Counter(s.metadata.get("finish_reason") for s in samples if s.status is Status.FAILED)
     metrics = {
+        "rollout/samples": float(n),
         "rollout/groups": float(len(groups)),
         "rollout/groups_dropped_zero_std": float(dropped),
-        "rollout/failed": float(sum(s.status is Status.FAILED for s in samples)),
+        "rollout/zero_std_group_share": (dropped + sum(not has_signal(g, reward_key) for g in groups))
+        / max(1, dropped + len(groups)),
+        "rollout/failed": float(sum(causes.values())),
+        "rollout/reward_errors": float(causes["reward_error"]),
+        "rollout/nonfinite_log_probs": float(causes["nonfinite_logprob"]),
         "rollout/truncated": float(sum(s.status is Status.TRUNCATED for s in samples)),
+        "rollout/truncation_rate": sum(s.status is Status.TRUNCATED for s in samples) / max(1, n),
+        "rollout/trainable": 0.0,
     }
     trainable = [s for s in samples if s.trainable]
     if trainable:
-        metrics["rollout/reward_mean"] = sum(reward_value(s.reward, reward_key) for s in trainable) / len(trainable)
-        metrics["rollout/response_length_mean"] = sum(s.response_length for s in trainable) / len(trainable)
+        rewards = [reward_value(s.reward, reward_key) for s in trainable]
+        mean = sum(rewards) / len(rewards)
+        lengths = [s.response_length for s in trainable]
+        metrics.update(
+            {
+                "rollout/trainable": float(len(trainable)),
+                "rollout/reward_mean": mean,
+                "rollout/reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
+                "rollout/response_length_mean": sum(lengths) / len(lengths),
+                "rollout/response_length_p50": percentile(lengths, 0.5),
+                "rollout/response_length_p90": percentile(lengths, 0.9),
+                "rollout/response_length_max": float(max(lengths)),
+            }
+        )
+        metrics.update(reward_key_means(trainable, reward_key))
     return metrics
+
+
+def reward_key_means(samples: list[Sample], reward_key: str) -> dict[str, float]:
+    """rollout/reward_KEY: the mean of every other numeric key of dict rewards (Search-R1's em, f1, format_valid)."""
+    totals: Counter[str] = Counter()
+    for sample in samples:
+        if isinstance(sample.reward, dict):
+            for key, value in sample.reward.items():
+                if key != reward_key and isinstance(value, (int, float)) and math.isfinite(value):
+                    totals[key] += float(value)
+    return {f"rollout/reward_{key}": total / len(samples) for key, total in sorted(totals.items())}
+
+
+def first_errors(samples: list[Sample]) -> dict[str, str]:
+    """The first error message of each cause among the failed and aborted samples (finish_reason -> message)."""
+    errors: dict[str, str] = {}
+    for sample in samples:
+        error = sample.metadata.get("error")
+        if error and not sample.trainable:
+            errors.setdefault(str(sample.metadata.get("finish_reason", "error")), str(error))
+    return errors
 
 
 def assign_advantages(samples: list[Sample], reward_key: str, normalize_std: bool = True) -> list[Sample]:

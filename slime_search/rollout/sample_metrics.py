@@ -38,6 +38,10 @@ def rollout_metrics(samples: list[Sample], single_version: bool = True) -> dict[
         "rollout/invalid_action_rate": sum(s.metrics.get("invalid_actions", 0) > 0 for s in samples) / n,
         "rollout/obs_truncations": float(sum(s.metrics.get("obs_truncations", 0) for s in samples)),
         "rollout/search_failures": float(sum(s.metadata.get("finish_reason") == "search_error" for s in samples)),
+        # every search that answered, and the one that failed its trajectory (a failed search ends it)
+        "rollout/search_calls": float(
+            sum(s.metrics.get("searches", 0) + (s.metadata.get("finish_reason") == "search_error") for s in samples)
+        ),
         "rollout/engine_errors": float(sum(s.metadata.get("finish_reason") == "engine_error" for s in samples)),
         "rollout/engine_failovers": float(sum(s.metrics.get("engine_failovers", 0) for s in samples)),
     }

@@ -263,6 +263,7 @@ class RolloutStream:
                             self.params,
                             slots,
                             lambda sample: sample,
+                            config.reward_key,
                         )
                         for j in range(n)
                     )

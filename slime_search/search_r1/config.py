@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Generic, TypeVar
 
+from slime_search.utils.flag_types import non_negative_float, non_negative_int, positive_float, positive_int
+
 T = TypeVar("T")
 
 SEARCH_BACKENDS = ("local", "serper")
@@ -20,26 +22,54 @@ SEARCH_BACKENDS = ("local", "serper")
 
 def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("Search-R1 task")
-    group.add_argument("--search-backend", choices=SEARCH_BACKENDS, default="local")
+    group.add_argument(
+        "--search-backend", choices=SEARCH_BACKENDS, default="local", help="local: --search-url; serper: web search"
+    )
     group.add_argument("--search-url", default="http://127.0.0.1:8000/retrieve", help="the local /retrieve endpoint")
-    group.add_argument("--search-topk", type=int, default=3)
-    group.add_argument("--search-concurrency", type=int, default=256, help="searches in flight at once")
+    group.add_argument("--search-topk", type=positive_int, default=3, help="documents per search")
+    group.add_argument("--search-concurrency", type=positive_int, default=256, help="searches in flight at once")
     group.add_argument(
-        "--generation-concurrency", type=int, default=256, help="engine requests in flight (not held while searching)"
+        "--generation-concurrency",
+        type=positive_int,
+        default=256,
+        help="engine requests in flight (not held while searching)",
     )
     group.add_argument(
-        "--search-timeout", type=float, default=60.0, help="seconds one search request may take (each retry again)"
+        "--search-timeout",
+        type=positive_float,
+        default=60.0,
+        help="seconds one search request may take (each retry again)",
     )
     group.add_argument(
-        "--search-retries", type=int, default=3, help="retries of a failed search request (5xx, 429, network)"
+        "--search-retries",
+        type=non_negative_int,
+        default=3,
+        help="retries of a failed search request (5xx, 429, network)",
     )
     group.add_argument(
-        "--engine-timeout", type=float, default=600.0, help="seconds one engine request may take (a turn's decode)"
+        "--search-preflight-timeout",
+        type=non_negative_float,
+        default=10.0,
+        help="seconds the one-query probe of --search-url may take before anything starts (0: no probe)",
     )
     group.add_argument(
-        "--engine-retries", type=int, default=2, help="re-sends of a turn after a transient engine fault"
+        "--engine-timeout",
+        type=positive_float,
+        default=600.0,
+        help="seconds one engine request may take (a turn's decode)",
     )
-    group.add_argument("--search-snippet-only", action=argparse.BooleanOptionalAction, default=True, help="Serper")
+    group.add_argument(
+        "--engine-retries",
+        type=non_negative_int,
+        default=2,
+        help="re-sends of a turn after a transient engine fault",
+    )
+    group.add_argument(
+        "--search-snippet-only",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Serper: the result snippets as passages (--no-search-snippet-only: text around them from the pages)",
+    )
     group.add_argument("--serper-url", default="https://google.serper.dev/search", help="Serper's search endpoint")
     group.add_argument(
         "--serper-cache", default=None, help="SQLite file caching Serper answers across runs and processes"
@@ -49,9 +79,15 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         action="store_true",
         help="answer Serper searches from --serper-cache only, never calling the API (reproducible evaluation)",
     )
-    group.add_argument("--max-turns", type=int, default=4, help="search turns before the final answer-only turn")
-    group.add_argument("--max-obs-tokens", type=int, default=500, help="observation cap per search, in tokens")
-    group.add_argument("--max-response-tokens", type=int, default=4096, help="total response budget (all turns)")
+    group.add_argument(
+        "--max-turns", type=non_negative_int, default=4, help="search turns before the final answer-only turn"
+    )
+    group.add_argument(
+        "--max-obs-tokens", type=non_negative_int, default=500, help="observation cap per search, in tokens"
+    )
+    group.add_argument(
+        "--max-response-tokens", type=positive_int, default=4096, help="total response budget (all turns)"
+    )
     group.add_argument("--no-final-turn", dest="final_turn", action="store_false", help="drop the answer-only turn")
     group.add_argument(
         "--end-on-no-action",
@@ -59,10 +95,29 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         help="a turn ended by EOS or its token limit with neither search nor answer ends the trajectory "
         "(default: Search-R1's invalid-action message and another turn)",
     )
-    group.add_argument("--structure-format-score", type=float, default=0.0)
-    group.add_argument("--final-format-score", type=float, default=0.0)
-    group.add_argument("--retrieval-score", type=float, default=0.0)
-    group.add_argument("--max-answer-tags", type=int, default=None, help="score 0 above this many <answer> blocks")
+    group.add_argument(
+        "--structure-format-score",
+        type=float,
+        default=0.0,
+        help="reward of a well-formed response with a wrong or no answer; a right answer in a malformed one scores 1 "
+        "minus it (Search-R1's structure_format_score)",
+    )
+    group.add_argument(
+        "--final-format-score",
+        type=float,
+        default=0.0,
+        help="reward of a malformed response with a wrong answer (Search-R1's final_format_score)",
+    )
+    group.add_argument(
+        "--retrieval-score",
+        type=float,
+        default=0.0,
+        help="added to a well-formed wrong answer when a retrieved passage held the right one (Search-R1's "
+        "retrieval_score)",
+    )
+    group.add_argument(
+        "--max-answer-tags", type=positive_int, default=None, help="score 0 above this many <answer> blocks"
+    )
     return parser
 
 

@@ -10,6 +10,7 @@ text is never re-tokenised, so the trainer sees the very token stream the engine
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import re
@@ -20,7 +21,8 @@ from typing import Any
 
 from slime_search.engines.client import EngineError
 from slime_search.engines.pool import EnginePool, PoolConfig
-from slime_search.search_r1.config import PerRollout, SearchR1Config
+from slime_search.search_r1.config import PerRollout, SearchR1Config, flags_from
+from slime_search.search_r1.preflight import check_retriever, check_serper
 from slime_search.search_r1.search_clients import (
     LocalSearchClient,
     LocalSearchConfig,
@@ -154,6 +156,32 @@ async def close_resources() -> None:
     session = _SESSIONS.pop()
     if session is not None:
         await session.resources.close()
+
+
+def flags_config(args: Any) -> SearchR1Config:
+    """The task's settings from the flags alone, before the engines exist: a placeholder stands in for their address."""
+    return SearchR1Config.from_args(argparse.Namespace(**{**vars(args), "engine_urls": ["http://engines.later"]}))
+
+
+def check_args(args: Any) -> None:
+    """Plugin hook, when the command line is parsed: the task's settings build (a ValueError names the flag)."""
+    flags_config(args)
+
+
+def preflight(args: Any) -> None:
+    """Plugin hook, before Ray starts: the search backend answers one query (local) or has its key or cache (Serper;
+    the paid API is not called). RuntimeError naming the address and what failed."""
+    config = flags_config(args)
+    if config.search_backend == "serper":
+        check_serper(config.serper_cache, config.serper_replay_only)
+        return
+    timeout_s = flags_from(args, ["search_preflight_timeout"])["search_preflight_timeout"]
+    if timeout_s > 0:
+        check_retriever(config.search_url, timeout_s)
+
+
+def search_endpoint(config: SearchR1Config) -> str:
+    return config.search_url if config.search_backend == "local" else config.serper_url
 
 
 def prompt_ids(sample: Sample, tokenizer, apply_chat_template: bool) -> list[int]:
@@ -309,7 +337,7 @@ async def run_trajectory(
                     docs, origin = await res.search.search_with_origin(turn.content)
             except SearchError as err:
                 sample.status, finish = Status.FAILED, "search_error"
-                sample.metadata["error"] = str(err)
+                sample.metadata["error"] = f"{search_endpoint(config)}: {err}"  # which retriever failed, by address
                 break
             finally:
                 metrics["search_latency_s"] += time.perf_counter() - start

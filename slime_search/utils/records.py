@@ -50,13 +50,18 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def write_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """Replace the file's records with `records`: the old file or the new one survives a kill, never half of each."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    os.replace(partial, path)
+
+
 def keep_records_before(path: Path, step: int) -> int:
     """Keep only the records of steps < `step` (a resumed run redoes the others); returns how many were dropped."""
     if not path.is_file():
         return 0
     records = read_records(path)
     kept = [record for record in records if record["step"] < step]
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text("".join(json.dumps(record) + "\n" for record in kept), encoding="utf-8")
-    os.replace(partial, path)
+    write_records(path, kept)
     return len(records) - len(kept)

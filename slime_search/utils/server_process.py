@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 READY_PREFIX = "serving on "
+LATE_WAIT_GRACE_S = 10.0  # how long wait_ready() still waits when called after the start's deadline (at most timeout)
 
 
 def _die_with_parent() -> None:
@@ -50,6 +51,7 @@ class ServerProcess:
         self.log_path = Path(log_path)
         self.health_path = health_path
         self.url = url
+        self._timeout = timeout
         self._deadline = time.monotonic() + timeout
         self._log = open(self.log_path, "w")  # noqa: SIM115 - the child writes to it for its whole life
         self.proc = subprocess.Popen(
@@ -65,11 +67,17 @@ class ServerProcess:
             self.wait_ready()
 
     def wait_ready(self) -> None:
-        """Wait (until the start's deadline) for the address and a healthy answer; stop the server on failure."""
+        """Wait for the address and a healthy answer, until the start's deadline or, when called later than that, for
+        a short grace; at least one look at the log and one probe are made either way. Stop the server on failure."""
+        # A server started with wait=False may be waited for long after its deadline (the driver trains the actor
+        # while a restarted engine comes up): it has had its whole timeout to start by then, so it is judged on what
+        # it answers now, not on the clock alone. Keeping the spawn deadline otherwise lets several servers started
+        # together share one bound instead of each getting a fresh timeout in turn.
+        deadline = max(self._deadline, time.monotonic() + min(LATE_WAIT_GRACE_S, self._timeout))
         try:
             if self.url is None:
-                self.url = self._wait_for_address()
-            self._wait_until_healthy()
+                self.url = self._wait_for_address(deadline)
+            self._wait_until_healthy(deadline)
         except BaseException:
             self.stop()
             raise
@@ -77,18 +85,19 @@ class ServerProcess:
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 
-    def _wait_for_address(self) -> str:
-        while time.monotonic() < self._deadline:
+    def _wait_for_address(self, deadline: float) -> str:
+        while True:  # the log is read at least once, however late
             for line in self.log_path.read_text(errors="replace").splitlines():
                 if line.startswith(READY_PREFIX):
                     return line[len(READY_PREFIX) :].strip()
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with code {self.proc.returncode}: {self.log_tail()}")
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"server printed no address in time: {self.log_tail()}")
             time.sleep(0.05)
-        raise RuntimeError(f"server printed no address in time: {self.log_tail()}")
 
-    def _wait_until_healthy(self) -> None:
-        while time.monotonic() < self._deadline:
+    def _wait_until_healthy(self, deadline: float) -> None:
+        while True:  # probed at least once, however late
             try:
                 if httpx.get(f"{self.url}{self.health_path}", timeout=5).status_code == 200:
                     return
@@ -96,8 +105,9 @@ class ServerProcess:
                 pass
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with code {self.proc.returncode}: {self.log_tail()}")
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"server at {self.url} never became healthy: {self.log_tail()}")
             time.sleep(0.1)
-        raise RuntimeError(f"server at {self.url} never became healthy: {self.log_tail()}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -24,9 +24,12 @@ This module imports nothing heavy: the flags read the registry, and an implement
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -135,22 +138,54 @@ def create_transport(config: WeightSyncConfig, group, engine_urls: list[str]) ->
     return transport_kind(config.transport).load()(config, group, engine_urls)
 
 
+async def session_call_on_each(urls: list[str], method: str) -> list[BaseException | None]:
+    """`method` (begin_weight_update or end_weight_update) on every engine at once; per engine, None or the error,
+    which names the engine. Every call runs to its end, so it is known which engines hold a session."""
+    from slime_search.engines.client import EngineError, call_engine, check_success
+
+    async def one(url: str) -> None:
+        try:
+            answer = await call_engine(url, method)
+        except EngineError as err:  # an HTTP error status says which call failed, not on which engine
+            raise EngineError(f"engine {url}: {err}", err.status, err.timed_out) from err
+        check_success(url, method, answer)
+
+    return list(await asyncio.gather(*(one(url) for url in urls), return_exceptions=True))
+
+
+def first_failure(failures: list[BaseException | None]) -> BaseException | None:
+    """The first error, with the others' messages added as notes so none is lost."""
+    errors = [err for err in failures if err is not None]
+    for other in errors[1:]:
+        errors[0].add_note(str(other))
+    return errors[0] if errors else None
+
+
 @contextmanager
 def weight_update_session(urls: list[str]) -> Iterator[None]:
     """SGLang's weight-update session on these engines around a push; closed also when the push fails, so the engines
-    never stay locked in it."""
-    from slime_search.engines.client import call_engine, check_success, on_every_engine
-
-    async def each(method: str) -> None:
-        answers = await on_every_engine(urls, lambda url: call_engine(url, method))
-        for url, reply in zip(urls, answers, strict=True):
-            check_success(url, method, reply)
-
-    asyncio.run(each("begin_weight_update"))
+    never stay locked in it. An engine that refuses to begin fails the session before the push, after the engines
+    that did begin have ended theirs; an end that fails after a failed push is added to the push's error as a note
+    and logged, so the push's error is the one raised."""
+    begun = asyncio.run(session_call_on_each(urls, "begin_weight_update"))
+    refused = first_failure(begun)
+    if refused is not None:
+        opened = [url for url, err in zip(urls, begun, strict=True) if err is None]
+        for err in asyncio.run(session_call_on_each(opened, "end_weight_update")):
+            if err is not None:
+                logger.warning("after a refused begin_weight_update: %s", err)
+        raise refused
     try:
         yield
-    finally:
-        asyncio.run(each("end_weight_update"))
+    except BaseException as push_error:
+        ended = first_failure(asyncio.run(session_call_on_each(urls, "end_weight_update")))
+        if ended is not None:
+            logger.warning("end_weight_update after a failed push: %s", ended)
+            push_error.add_note(f"and the weight-update session did not end: {ended}")
+        raise
+    ended = first_failure(asyncio.run(session_call_on_each(urls, "end_weight_update")))
+    if ended is not None:
+        raise ended
 
 
 def check_served(served: list[str], version: str) -> str:

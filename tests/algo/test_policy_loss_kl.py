@@ -86,3 +86,34 @@ def test_entropy_from_logits():
     z = torch.randn(4, 7, 50, generator=gen)
     p = torch.softmax(z, -1)
     torch.testing.assert_close(entropy_from_logits(z), -(p * torch.log(p)).sum(-1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["k3", "low_var_kl"])
+def test_kl_gradient_is_finite_at_an_extreme_masked_token(kind):
+    # The reference is 94.5 nats above the policy on a masked token: exp(-log_ratio) = e^94.5 overflows float32, and
+    # unclamped, the clamp's zero gradient times inf made the gradient of the whole masked sum NaN.
+    log_probs = torch.tensor([-95.0, -0.7], requires_grad=True)
+    ref = torch.tensor([-0.5, -0.6])
+    mask = torch.tensor([0.0, 1.0])
+    estimate = kl_estimate(log_probs, ref, kind)
+    assert estimate[0].item() == 10.0  # the value is unchanged by the bound: it sits at the clamp either way
+    (estimate * mask).sum().backward()
+    assert torch.isfinite(log_probs.grad).all()
+    assert log_probs.grad[0] == 0 and log_probs.grad[1] != 0
+
+
+def test_policy_ratio_is_bounded_so_an_extreme_masked_token_cannot_poison_the_step():
+    # logp - logp_old = +95 on a masked token: exp overflows to inf and inf * 0 is NaN; with the log-ratio clamped at
+    # +-20 the loss and gradient stay finite and the masked token contributes nothing.
+    log_probs = torch.tensor([-0.5, -1.0], requires_grad=True)
+    old = torch.tensor([-95.5, -1.1])
+    adv = torch.tensor([-1.0, 1.0])
+    mask = torch.tensor([0.0, 1.0])
+    out = policy_loss(log_probs, old, adv, 0.2, 0.28)
+    assert out.ratio[0].item() == pytest.approx(math.exp(20.0), rel=1e-6)
+    loss = token_mean(out.loss, mask)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(log_probs.grad).all()
+    assert log_probs.grad[0] == 0
+    # inside the bound nothing changed: token 1 (ratio e^0.1 = 1.105, A = +1, not clipped) has d/dlogp = -ratio / 1
+    assert log_probs.grad[1].item() == pytest.approx(-math.exp(0.1), rel=1e-6)

@@ -131,3 +131,53 @@ def test_megatron_reads_the_rope_base_a_tiny_policy_is_built_with():
     for base in (10_000.0, 1_000_000.0):
         model = build_tiny_qwen2(TinyQwen2Config(vocab_size=64, rope_theta=base))
         assert ModelOptions.from_hf_config(model.config).rotary_base == base
+
+
+def _load_worker(rank: int, port: int, checkpoint: str, load: str, overrides: dict, out_path: str) -> None:
+    import json
+
+    from safetensors.torch import load_file
+
+    from slime_search.backends.megatron.distributed import init_megatron, shutdown
+    from slime_search.ray.train_group import TrainRank
+
+    init_megatron(rank, 1, tp_size=1, master_port=port)
+    embedding = TrainRank(rank, 1, 1)._build(checkpoint, load, overrides).embedding.word_embeddings.weight.detach()
+    hf = load_file(f"{checkpoint}/model.safetensors")["model.embed_tokens.weight"]
+    outcome = {
+        "rows": embedding.shape[0],
+        "vocab_rows_are_hfs": torch.equal(embedding[: hf.shape[0]], hf),
+        "padding_is_zero": not embedding[hf.shape[0] :].any().item(),
+    }
+    shutdown()
+    with open(out_path, "w") as handle:
+        json.dump(outcome, handle)
+
+
+def test_training_builds_the_vocab_padding_a_checkpoint_was_converted_with(tiny_checkpoint, tmp_path):
+    """--make-vocab-size-divisible-by pads the embedding (and output layer); given to training with the model flags,
+    it builds the actor as it built the converted torch_dist checkpoint, which then loads whole."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from slime_search.arguments import model_source, parse_args
+    from slime_search.utils.net import free_port
+
+    flags = [*model_args("tiny-qwen2"), "--make-vocab-size-divisible-by", "100"]
+    saved = run_tool(
+        "convert_hf_to_torch_dist.py", *flags, "--hf-checkpoint", str(tiny_checkpoint), "--save", str(tmp_path / "td")
+    )
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    train_flags = ["--hf-checkpoint", str(tiny_checkpoint), "--save", str(tmp_path / "run"), "--prompt-data", "p"]
+    args = parse_args([*train_flags, "--num-rollout", "1", "--rollout-batch-size", "1", *flags])
+    out = tmp_path / "outcome.json"
+    overrides = model_source(args).model_overrides
+    mp.spawn(
+        _load_worker,
+        args=(free_port(), str(tiny_checkpoint), str(tmp_path / "td"), overrides, str(out)),
+        nprocs=1,
+        join=True,
+    )
+    # 151,936 padded to a multiple of 100; Megatron's default 128 would leave it as it is
+    assert json.loads(out.read_text()) == {"rows": 152_000, "vocab_rows_are_hfs": True, "padding_is_zero": True}

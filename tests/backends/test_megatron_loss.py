@@ -244,3 +244,37 @@ def test_layout_uses_thd_only_with_transformer_engine_and_pads_only_for_sequence
     assert Layout.of(FakeModel(te, tp=2, sequence_parallel=True)) == Layout(torch.device("cpu"), True, 2)
     # the local spec (CPU, or a GPU without TransformerEngine) refuses packed sequence parameters: the mask path
     assert Layout.of(FakeModel(local, tp=2, sequence_parallel=False)) == Layout(torch.device("cpu"), False, 1)
+
+
+def test_health_metrics_of_the_loss_split_clipping_and_truncation():
+    """Clip fractions by side, the share of TIS weights the cap truncated, and the entropy without an entropy term.
+    Leaf logits give the trainer's log-probs; old and rollout log-probs are set against them to chosen ratios."""
+    samples, packed, logits = make_batch()
+    rows, targets = response_logits_and_targets(logits.detach(), packed)
+    lp = torch.log_softmax(rows, -1).gather(-1, targets[:, None]).squeeze(-1)
+    # tokens (mask 1): s1 t0, s1 t3 (A = +1), s2 t0, s2 t1 (A = -0.5). ratio = exp(lp - old):
+    # s1 t0 ratio 1.5 > 1.28 with A > 0 -> clipped high; s1 t3 ratio 1.0 -> not clipped;
+    # s2 t0 ratio 0.5 < 0.8 with A < 0 -> clipped low; s2 t1 ratio 4.0, A < 0 -> unclipped (the larger loss), and
+    # with dual clip c = 3 the bound -A*c is active there.
+    log_ratio = torch.log(torch.tensor([1.5, 1.0, 1.0, 1.0, 0.5, 4.0]))
+    old = (lp - log_ratio).tolist()
+    samples[0].old_log_probs, samples[1].old_log_probs = old[:4], old[4:]
+    # rollout log-probs: the engine 1 nat below the trainer's old ones on s1 t0 (w = e > cap 2: truncated), equal
+    # elsewhere (w = 1)
+    rollout = list(old)
+    rollout[0] -= 1.0
+    samples[0].rollout_log_probs, samples[1].rollout_log_probs = rollout[:4], rollout[4:]
+    config = LossConfig(use_tis=True, tis_cap=2.0, eps_clip_c=3.0, reduction="token_mean")
+    _, metrics = micro_batch_loss(logits, packed, samples, config, num_tokens=4, num_sequences=2)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(2 / 4)
+    assert metrics["pg_clipfrac_high"].item() == pytest.approx(1 / 4)
+    assert metrics["pg_clipfrac_low"].item() == pytest.approx(1 / 4)
+    assert metrics["pg_clipfrac_dual"].item() == pytest.approx(1 / 4)
+    assert metrics["tis_clipfrac"].item() == pytest.approx(1 / 4)
+    assert metrics["tis_weight_mean"].item() == pytest.approx((2.0 + 1 + 1 + 1) / 4)
+    assert metrics["train_rollout_logprob_abs_diff"].item() == pytest.approx(1 / 4)
+    p = torch.softmax(rows, -1)
+    token_entropy = -(p * p.log()).sum(-1)
+    trained = torch.tensor([1.0, 0, 0, 1, 1, 1])
+    assert metrics["entropy"].item() == pytest.approx(((token_entropy * trained).sum() / 4).item(), rel=1e-5)
+    assert metrics["nonfinite_log_probs"].item() == 0

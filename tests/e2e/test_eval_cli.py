@@ -55,3 +55,45 @@ def test_eval_reports_em_and_search_rate_per_data_source(tiny_checkpoint, tmp_pa
     samples = [json.loads(line) for line in (tmp_path / "out" / "eval.samples.jsonl").read_text().splitlines()]
     searched = next(s for s in samples if "red otter" in str(s["prompt"]))
     assert "The red otter lives in valley number 1 " in searched["response"]  # the retrieved passage is in it
+
+
+def write_questions(path, count: int) -> None:
+    rows = [
+        make_row({"question": f"where does the red otter {i} live", "golden_answers": ["valley"]}, "nq", "test", i)
+        for i in range(count)
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def eval_argv(checkpoint, data, *extra):
+    # the tiny random policy writes no search call in 4 tokens, so no retriever is needed at this address
+    return ["--hf-checkpoint", str(checkpoint), "--eval-prompt-data", "nq", str(data), "--max-samples", "2",
+            "--search-url", "http://127.0.0.1:9/retrieve", "--search-preflight-timeout", "0",
+            "--rollout-max-response-len", "4", *extra]  # fmt: skip
+
+
+def test_eval_keeps_the_engine_log_beside_the_output_and_removes_its_copies(tiny_checkpoint, tmp_path, capsys):
+    write_questions(tmp_path / "nq.jsonl", 3)
+    output = tmp_path / "out" / "eval.json"
+    assert eval_cli.main(eval_argv(tiny_checkpoint, tmp_path / "nq.jsonl", "--output", str(output))) == 0
+    logs = tmp_path / "out" / "eval.logs"
+    assert (logs / "engine.log").is_file()  # the engine started for the evaluation left its log with the results
+    assert list(logs.glob("*.jsonl")) == []  # the first-2-rows copy of the set is gone
+    assert str(logs) in capsys.readouterr().err
+    assert json.loads(output.read_text())["eval/nq/n"] == 2
+
+
+def test_eval_without_output_removes_its_temporary_folder_unless_it_fails(
+    tiny_checkpoint, tmp_path, monkeypatch, capsys
+):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    write_questions(tmp_path / "nq.jsonl", 3)
+    assert eval_cli.main(eval_argv(tiny_checkpoint, tmp_path / "nq.jsonl")) == 0
+    assert list(tmp_path.glob("slime-search-eval-*")) == []
+    capsys.readouterr()
+    with pytest.raises(FileNotFoundError):
+        eval_cli.main(eval_argv(tiny_checkpoint, tmp_path / "missing.jsonl"))
+    [kept] = tmp_path.glob("slime-search-eval-*")
+    assert f"evaluation failed; the engine logs are kept in {kept}" in capsys.readouterr().err

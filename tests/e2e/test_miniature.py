@@ -186,8 +186,9 @@ def test_report_renders_curves_metrics_and_highlighted_rollouts(tmp_path):
     (tmp_path / "rollouts.jsonl").write_text(json.dumps(example) + "\n")
     assert report_main([str(tmp_path)]) == 0
     out = tmp_path / "report"
-    for name in ("reward.png", "em.png", "search_rate.png", "loss.png"):
+    for name in ("reward.png", "em.png", "search_rate.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / "loss.png").exists()  # the GRPO loss is mean-zero: the health panels replace its curve
     page = (out / "index.html").read_text()
     assert '<span class="search">&lt;search&gt; Ab Cd &lt;/search&gt;</span>' in page
     assert '<span class="obs">' in page and "&lt;b&gt;" in page  # passages are escaped, not injected

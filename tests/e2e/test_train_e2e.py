@@ -170,3 +170,18 @@ def test_colocated_run_hands_memory_over_between_phases(tiny_checkpoint, tmp_pat
     assert all(r["memory/actor_offloaded_gib"] > 0 for r in records if "train/loss" in r)
     assert [r["step"] for r in records if "eval/em" in r] == [0, 2, 3]
     assert (tmp_path / "run" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "3"
+
+
+def test_a_retriever_that_is_down_stops_the_run_before_ray_starts(tiny_checkpoint, tmp_path):
+    from slime_search.utils.net import free_port
+
+    row = make_row({"question": "where does the red otter live", "golden_answers": ["valley"]}, "nq", "train", 0)
+    pq.write_table(pa.Table.from_pylist([row]), tmp_path / "train.parquet")
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    command = tiny_train_command(tiny_checkpoint, tmp_path, closed, "--num-rollout", "1")
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"preflight failed: cannot reach the retriever at {closed}/retrieve" in done.stderr
+    assert time.monotonic() - started < 30  # seconds, not the minutes Ray, the engines and the models take
+    assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()  # no run folder: nothing started

@@ -43,6 +43,25 @@ def test_engine_specs_split_gpus_into_engines():
     ]
 
 
+def test_engines_are_seeded_from_the_run_seed(monkeypatch):
+    """--seed reaches SGLang as --random-seed, engine i with seed + i (different samples for the same prompt)."""
+    from slime_search.engines import sglang_launch
+    from slime_search.engines.deployment import EngineConfig, start_sglang_engines
+
+    launched = []
+
+    def launch(specs, *args, **kwargs):
+        launched.extend(specs)
+        raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(sglang_launch, "launch", launch)
+    with pytest.raises(RuntimeError, match="not started"):
+        start_sglang_engines(EngineConfig("/ckpt", num_gpus=2, seed=7), gpu_ids=None)
+    commands = [spec.command() for spec in launched]
+    assert [command[command.index("--random-seed") + 1] for command in commands] == ["7", "8"]
+    assert "--random-seed" not in engine_specs("/ckpt", num_gpus=1, gpus_per_engine=1, first_port=1)[0].command()
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(1200)
 def test_real_sglang_engine_behind_router(tiny_checkpoint):

@@ -128,3 +128,71 @@ def test_row_range_suffix_selects_rows_like_slime(tmp_path):
     assert len(load_rows(path)) == 10
     with pytest.raises(FileNotFoundError):
         load_rows(f"{tmp_path / 'missing.parquet'}@[0:3]")
+
+
+class BadRewards:
+    """A reward plugin that returns something other than a number for some samples, or raises."""
+
+    def __init__(self, bad_by_index):
+        self.bad_by_index = bad_by_index
+
+    async def __call__(self, args, sample):
+        bad = self.bad_by_index.get(sample.index, "ok")
+        if isinstance(bad, Exception):
+            raise bad
+        return {"score": 1.0 if sample.index % 2 else 0.0, "em": 1.0} if bad == "ok" else {"score": bad}
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        (float("nan"), "returned nan"),
+        (float("inf"), "returned inf"),
+        (None, "returned None (NoneType), not a number"),
+        ("0.5", "returned '0.5' (str), not a number"),
+        (TimeoutError("judge endpoint timed out"), "raised on sample 5: TimeoutError: judge endpoint timed out"),
+    ],
+)
+def test_a_bad_reward_fails_its_sample_and_never_reaches_the_advantages(bad, says):
+    args = search_r1_args(n=4)
+    source = DataSource(DataConfig(path="mem"), rows=ROWS)
+    config = RolloutConfig(batch_size=2, n_samples_per_prompt=4)
+    reward = BadRewards({5: bad})
+    groups, metrics = asyncio.run(generate_rollout(args, source, config, toy_generate, reward, {}))
+    samples = [s for g in groups for s in g]
+    [failed] = [s for s in samples if not s.trainable]
+    assert failed.index == 5 and failed.status is Status.FAILED and failed.metadata["finish_reason"] == "reward_error"
+    assert says in failed.metadata["error"] and "BadRewards" in failed.metadata["error"]
+    assert metrics["rollout/reward_errors"] == 1.0 and metrics["rollout/trainable"] == 7.0
+    trainable = assign_advantages(samples, "score")
+    assert len(trainable) == 7 and all(s.metadata["advantage"] == s.metadata["advantage"] for s in trainable)
+    from slime_search.rollout.rollout import first_errors
+
+    assert says in first_errors(samples)["reward_error"]
+
+
+def test_non_finite_engine_log_probs_fail_the_sample_before_the_reward():
+    async def nan_generate(args, sample, params):
+        sample = await toy_generate(args, sample, params)
+        if sample.index == 0:
+            sample.rollout_log_probs[1] = float("nan")
+        return sample
+
+    source = DataSource(DataConfig(path="mem"), rows=ROWS)
+    config = RolloutConfig(batch_size=1, n_samples_per_prompt=2)
+    groups, metrics = asyncio.run(generate_rollout(search_r1_args(n=2), source, config, nan_generate, reward_func, {}))
+    assert groups[0][0].metadata["finish_reason"] == "nonfinite_logprob" and groups[0][0].reward is None
+    assert metrics["rollout/nonfinite_log_probs"] == 1.0
+
+
+def test_batch_metrics_describe_the_reward_spread_lengths_and_groups_without_signal():
+    args = search_r1_args(n=4)
+    source = DataSource(DataConfig(path="mem"), rows=ROWS)
+    config = RolloutConfig(batch_size=2, n_samples_per_prompt=4)
+    groups, metrics = asyncio.run(generate_rollout(args, source, config, toy_generate, reward_func, {}))
+    # q0: one right of 4 (signal); q1: all right (no signal)
+    assert metrics["rollout/zero_std_group_share"] == 0.5
+    assert metrics["rollout/reward_mean"] == pytest.approx(5 / 8)
+    assert metrics["rollout/reward_std"] == pytest.approx((5 / 8 * 3 / 8) ** 0.5)
+    assert metrics["rollout/response_length_p90"] == 2.0 and metrics["rollout/response_length_max"] == 2.0
+    assert metrics["rollout/reward_em"] == pytest.approx(5 / 8)  # the reward's other keys, averaged

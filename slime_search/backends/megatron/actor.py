@@ -31,6 +31,14 @@ class ActorConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     max_tokens_per_micro_batch: int = 4096
+    # After an applied step, the log-probs of about this many of the rank's tokens are computed again under the new
+    # weights: how far the step moved the policy on what it trained on (0: not measured).
+    probe_tokens: int = 512
+
+
+# Metrics of a step that every data-parallel rank reports whole (the same value on each rank); all the others are
+# the rank's share of a global-batch quantity, summed over the data-parallel ranks.
+REPLICATED_METRICS = frozenset({"grad_norm", "step_applied", "lr", "kl_old_new", "logp_shift_pos", "logp_shift_neg"})
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,47 @@ def packed_log_probs(model, layout: Layout, samples: list[TrainSample], config: 
         values = token_log_probs(rows, targets, config.loss.temperature, config.loss.vocab_size).cpu()
         for i, part in zip(indices, torch.split(values, packed.response_lengths), strict=True):
             out[i] = part.tolist()
+    return out
+
+
+def probe_samples(samples: list[TrainSample], budget: int) -> list[TrainSample]:
+    """The first samples whose tokens fit `budget` (at least one, when the budget is positive)."""
+    chosen, used = [], 0
+    for sample in (s for s in samples if s.old_log_probs is not None):
+        if budget <= 0 or (chosen and used + len(sample.tokens) > budget):
+            break
+        chosen.append(sample)
+        used += len(sample.tokens)
+    return chosen
+
+
+def policy_shift_sums(samples: list[TrainSample], new_log_probs: list[list[float]]) -> torch.Tensor:
+    """(sum k3, tokens, sum of log-prob change where A > 0, tokens, where A < 0, tokens) over the loss tokens, to be
+    summed over ranks; k3 = r - 1 - log r with log r = new - old estimates KL(old || new) from the old policy's
+    samples."""
+    sums = torch.zeros(6, dtype=torch.float64)
+    for sample, new in zip(samples, new_log_probs, strict=True):
+        mask = torch.tensor(sample.loss_mask, dtype=torch.float64)
+        log_ratio = torch.tensor(new, dtype=torch.float64) - torch.tensor(sample.old_log_probs, dtype=torch.float64)
+        log_ratio = log_ratio.clamp(-20.0, 20.0)
+        k3 = log_ratio.exp() - 1.0 - log_ratio
+        tokens = mask.sum()
+        sums[0] += (k3 * mask).sum()
+        sums[1] += tokens
+        side = 2 if sample.advantage > 0 else 4 if sample.advantage < 0 else None
+        if side is not None:
+            sums[side] += (log_ratio * mask).sum()
+            sums[side + 1] += tokens
+    return sums
+
+
+def policy_shift_metrics(sums: torch.Tensor) -> dict[str, float]:
+    """Means of `policy_shift_sums` (summed over ranks); a side with no token is left out."""
+    out = {}
+    names = ("kl_old_new", "logp_shift_pos", "logp_shift_neg")
+    for name, (total, count) in zip(names, sums.view(3, 2).tolist(), strict=True):
+        if count > 0:
+            out[name] = total / count
     return out
 
 
@@ -138,8 +187,9 @@ class MegatronActor:
         return packed_log_probs(self.model, self.layout, samples, self.config)
 
     # ---- training -----------------------------------------------------------------------------------------
-    def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
-        """One optimizer step on this rank's samples (the data-parallel share of the global batch)."""
+    def train_step(self, samples: list[TrainSample], skip_above: float | None = None) -> dict[str, float]:
+        """One optimizer step on this rank's samples (the data-parallel share of the global batch). The update is not
+        applied when the gradient norm is not finite or above `skip_above` (a spike the driver's guard bounds)."""
         import torch.distributed as dist
         from megatron.core import parallel_state
 
@@ -162,13 +212,33 @@ class MegatronActor:
             )
             # DDP averages gradients over data-parallel ranks; the loss is already a global-batch sum.
             (loss * dp_size).backward()
-            totals["loss"] = totals.get("loss", 0.0) + float(loss)
+            totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + float(value)
         self._finalize_grads()
-        applied, grad_norm = self.optimizer.step()
-        totals.update(grad_norm=grad_norm, step_applied=float(applied))
+        applied, grad_norm = self.optimizer.step(skip_above)
+        totals.update(grad_norm=grad_norm, step_applied=float(applied), lr=self.optimizer.current_lr())
+        if applied and self.config.loss.loss_type == "policy_loss":
+            totals.update(self._probe_policy_shift(samples))
         return totals
+
+    def _probe_policy_shift(self, samples: list[TrainSample]) -> dict[str, float]:
+        """How far the step moved the policy on tokens it trained on: k3 KL(old || new) and the mean log-prob change
+        of tokens with positive and with negative advantage (the update should raise the first; when it lowers them,
+        likelihood displacement, the policy is drifting off what it was rewarded for). Over the first samples of
+        this rank up to `probe_tokens` tokens, reduced over the data-parallel ranks."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        probe = probe_samples(samples, self.config.probe_tokens)
+        stats = torch.zeros(6, dtype=torch.float64, device=self.layout.device)
+        if probe:
+            self.model.eval()
+            new = packed_log_probs(self.model, self.layout, probe, self.config)
+            stats = policy_shift_sums(probe, new).to(self.layout.device)
+        if parallel_state.get_data_parallel_world_size() > 1:
+            dist.all_reduce(stats, group=parallel_state.get_data_parallel_group())
+        return policy_shift_metrics(stats.cpu())
 
     def _finalize_grads(self) -> None:
         """Not only the data-parallel reduction (DDP's finish_grad_sync): with sequence parallelism each tensor-parallel

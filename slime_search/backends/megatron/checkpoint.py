@@ -28,21 +28,41 @@ def latest_iteration(root: str | Path) -> int | None:
     return 0 if text == "release" else int(text)
 
 
-def prune_iterations(root: str | Path, keep: int) -> list[int]:
-    """Remove all but the newest `keep` complete checkpoints (never the one the tracker names); returns the
-    iterations removed. `keep` 0 keeps every one."""
-    current = latest_iteration(root)
-    found = sorted(
+def saved_iterations(root: str | Path) -> list[int]:
+    """The iterations of the complete checkpoints under `root`, in order."""
+    return sorted(
         int(path.name[len("iter_") :])
         for path in Path(root).glob("iter_*")
         if path.is_dir() and path.name[len("iter_") :].isdigit()
     )
+
+
+def prune_iterations(root: str | Path, keep: int, protect: tuple[int, ...] = ()) -> list[int]:
+    """Remove all but the newest `keep` complete checkpoints (never the one the tracker names, nor those of
+    `protect`); returns the iterations removed. `keep` 0 keeps every one."""
+    current = latest_iteration(root)
+    found = saved_iterations(root)
     if keep <= 0:
         return []
-    removed = [it for it in found[:-keep] if it != current]
+    removed = [it for it in found[:-keep] if it != current and it not in protect]
     for iteration in removed:
         shutil.rmtree(iteration_dir(root, iteration))
     return removed
+
+
+def rewind_to(root: str | Path, iteration: int) -> list[int]:
+    """Make `iteration` the tracked checkpoint and remove the newer ones (a rollback: they hold the weights it undid);
+    returns the iterations removed. The tracker is replaced first, so a crash in between resumes from `iteration`
+    and a later save of a removed iteration replaces what is left of it."""
+    if not iteration_dir(root, iteration).is_dir():
+        raise FileNotFoundError(f"no checkpoint of iteration {iteration} in {root}")
+    tmp = Path(root) / (TRACKER + ".tmp")
+    tmp.write_text(str(iteration))
+    os.replace(tmp, Path(root) / TRACKER)
+    newer = [it for it in saved_iterations(root) if it > iteration]
+    for it in newer:
+        shutil.rmtree(iteration_dir(root, it))
+    return newer
 
 
 def partial_dir(root: str | Path, iteration: int) -> Path:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import random
 from datetime import timedelta
 
+import numpy
 import torch
 
 
@@ -12,7 +14,8 @@ def init_megatron(
     rank: int, world_size: int, tp_size: int, master_port: int, master_address: str = "127.0.0.1", seed: int = 1234
 ) -> None:
     """torch.distributed + Megatron model parallel state for one rank (PP = 1, DP = world / TP). `master_address`:
-    rank 0's node (127.0.0.1 only when every rank runs on this machine)."""
+    rank 0's node (127.0.0.1 only when every rank runs on this machine). `seed` (--seed) seeds Python's, NumPy's and
+    torch's RNGs and Megatron's model-parallel RNG tracker (which adds the TP rank), as Megatron's own set-up does."""
     import torch.distributed as dist
 
     from slime_search.backends.megatron import cpu_compat
@@ -29,6 +32,9 @@ def init_megatron(
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp_size)
+    random.seed(seed)
+    numpy.random.seed(seed)
+    torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
 
 

@@ -6,6 +6,7 @@ position e with r response tokens reads logits[e - r - 1 : e - 1] against tokens
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -132,30 +133,39 @@ def micro_batch_loss(
     )
     pg = policy_loss(log_probs, old, advantages, config.eps_clip, config.eps_clip_high, config.eps_clip_c)
     per_token, pg_mask = pg.loss, mask
+
+    def mean(x: torch.Tensor) -> torch.Tensor:
+        return reduce_loss(x, mask, lengths, config.reduction, **reduce)
+
     if config.use_tis:
         weights = vanilla_tis_weights(old, rollout, config.tis_cap)
         per_token = per_token * weights
-        metrics["tis_weight_mean"] = reduce_loss(weights, mask, lengths, config.reduction, **reduce)
+        metrics["tis_weight_mean"] = mean(weights)
+        # tokens whose weight the cap truncated (slime's tis_clipfrac)
+        metrics["tis_clipfrac"] = mean(((old - rollout) > math.log(config.tis_cap)).float())
     elif config.mis is not None:
         result = compute_is_weights(old, rollout, mask, lengths, config.mis, normalize_with=is_normalizer)
         per_token, pg_mask = per_token * result.weights, result.mask
         metrics.update({f"mis_{k}": v for k, v in result.metrics.items()})
     loss = reduce_loss(per_token, pg_mask, lengths, config.reduction, **reduce)
     metrics["pg_loss"] = loss.detach()
-    metrics["pg_clipfrac"] = reduce_loss(pg.clipped, mask, lengths, config.reduction, **reduce)
-    if rollout is not None:
-        metrics["train_rollout_logprob_abs_diff"] = reduce_loss(
-            (old - rollout).abs(), mask, lengths, config.reduction, **reduce
-        )
+    metrics["pg_clipfrac"] = mean(pg.clipped)
+    metrics["pg_clipfrac_high"] = mean(pg.clipped * (pg.ratio > 1.0))  # the ratio rose past 1 + eps_clip_high
+    metrics["pg_clipfrac_low"] = mean(pg.clipped * (pg.ratio < 1.0))  # it fell below 1 - eps_clip
+    metrics["pg_clipfrac_dual"] = mean(pg.dual_clipped)
+    if rollout is not None:  # the mean absolute log-ratio between trainer and engine (TIS's |log w| before the cap)
+        metrics["train_rollout_logprob_abs_diff"] = mean((old - rollout).abs())
     if config.kl_coef:
         ref = _packed([s.ref_log_probs for s in samples], samples, "ref_log_probs", device)
-        kl = reduce_loss(kl_estimate(log_probs, ref, config.kl_loss_type), mask, lengths, config.reduction, **reduce)
+        kl = mean(kl_estimate(log_probs, ref, config.kl_loss_type))
         loss = loss + config.kl_coef * kl
         metrics["kl_loss"] = kl.detach()
+    # The entropy is a health signal in every step (its collapse or explosion comes before the reward's); it carries
+    # gradient only when it is part of the loss.
+    with torch.set_grad_enabled(bool(config.entropy_coef) and torch.is_grad_enabled()):
+        ent = mean(entropy(rows, config.temperature, config.vocab_size))
     if config.entropy_coef:
-        ent = reduce_loss(
-            entropy(rows, config.temperature, config.vocab_size), mask, lengths, config.reduction, **reduce
-        )
         loss = loss - config.entropy_coef * ent
-        metrics["entropy"] = ent.detach()
+    metrics["entropy"] = ent.detach()
+    metrics["nonfinite_log_probs"] = (~torch.isfinite(log_probs.detach())).sum().float()
     return loss, metrics

@@ -21,14 +21,15 @@ class ModelOptions:
 
     @classmethod
     def from_hf_config(cls, config, **overrides) -> ModelOptions:
-        return cls(
-            rotary_base=float(
+        """The options config.json holds; `overrides` (any field, config.json's ones included) win."""
+        from_config = {
+            "rotary_base": float(
                 getattr(config, "rope_theta", None) or getattr(config, "rope_parameters", {}).get("rope_theta", 1e6)
             ),
-            max_position_embeddings=int(config.max_position_embeddings),
-            rms_norm_eps=float(config.rms_norm_eps),
-            **overrides,
-        )
+            "max_position_embeddings": int(config.max_position_embeddings),
+            "rms_norm_eps": float(config.rms_norm_eps),
+        }
+        return cls(**{**from_config, **overrides})
 
 
 def te_available() -> bool:

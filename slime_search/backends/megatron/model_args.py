@@ -6,28 +6,52 @@ import argparse
 
 from megatron_bridge import Qwen2Shape
 from slime_search.backends.megatron.model import ModelOptions
+from slime_search.utils.flag_types import positive_float, positive_int
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> argparse.ArgumentParser:
-    """`required=False` (training): the flags are optional, and when given they are checked against config.json."""
+    """`required=False` (training): the flags are optional; when given they are checked against config.json, and
+    --make-vocab-size-divisible-by / --max-position-embeddings shape the model (left out: Megatron's 128 and
+    config.json's context length)."""
     group = parser.add_argument_group("model (Megatron flags, see scripts/models/)")
-    group.add_argument("--num-layers", type=int, required=required)
-    group.add_argument("--hidden-size", type=int, required=required)
-    group.add_argument("--ffn-hidden-size", type=int, required=required)
-    group.add_argument("--num-attention-heads", type=int, required=required)
-    group.add_argument("--group-query-attention", action="store_true")
-    group.add_argument("--num-query-groups", type=int, default=None)
-    group.add_argument("--vocab-size", type=int, required=required)
-    group.add_argument("--untie-embeddings-and-output-weights", action="store_true")
-    group.add_argument("--swiglu", action="store_true")
-    group.add_argument("--use-rotary-position-embeddings", action="store_true")
-    group.add_argument("--disable-bias-linear", action="store_true")
-    group.add_argument("--add-qkv-bias", action="store_true")
-    group.add_argument("--normalization", default="RMSNorm")
-    group.add_argument("--norm-epsilon", type=float, default=1e-6)
-    group.add_argument("--rotary-base", type=float, default=1_000_000.0)
-    group.add_argument("--max-position-embeddings", type=int, default=32768)
-    group.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    group.add_argument("--num-layers", type=positive_int, required=required, help="transformer layers")
+    group.add_argument("--hidden-size", type=positive_int, required=required, help="hidden size")
+    group.add_argument("--ffn-hidden-size", type=positive_int, required=required, help="MLP intermediate size")
+    group.add_argument("--num-attention-heads", type=positive_int, required=required, help="query heads")
+    group.add_argument(
+        "--group-query-attention", action="store_true", help="grouped-query attention (--num-query-groups)"
+    )
+    group.add_argument(
+        "--num-query-groups", type=positive_int, default=None, help="key/value heads with --group-query-attention"
+    )
+    group.add_argument(
+        "--vocab-size", type=positive_int, required=required, help="the tokenizer's vocabulary (before padding)"
+    )
+    group.add_argument(
+        "--untie-embeddings-and-output-weights",
+        action="store_true",
+        help="an output layer of its own instead of the input embedding's weights (absent: tied)",
+    )
+    group.add_argument("--swiglu", action="store_true", help="SwiGLU MLP (Qwen2 needs it)")
+    group.add_argument("--use-rotary-position-embeddings", action="store_true", help="RoPE (Qwen2 needs it)")
+    group.add_argument("--disable-bias-linear", action="store_true", help="no linear biases (Qwen2 needs it)")
+    group.add_argument("--add-qkv-bias", action="store_true", help="biases on q/k/v (Qwen2 needs it)")
+    group.add_argument("--normalization", default="RMSNorm", help="RMSNorm (Qwen2 needs it)")
+    group.add_argument("--norm-epsilon", type=positive_float, default=1e-6, help="RMSNorm epsilon")
+    group.add_argument("--rotary-base", type=positive_float, default=1_000_000.0, help="RoPE base (rope_theta)")
+    group.add_argument(
+        "--max-position-embeddings",
+        type=positive_int,
+        default=32768 if required else None,
+        help="longest sequence the model is built for",
+    )
+    group.add_argument(
+        "--make-vocab-size-divisible-by",
+        type=positive_int,
+        default=128 if required else None,
+        help="the embedding and output layer are padded to a multiple of this (x TP size), as Megatron pads them; "
+        "give training the value the torch_dist checkpoint was converted with",
+    )
     return parser
 
 
@@ -54,13 +78,11 @@ def model_from_args(args: argparse.Namespace) -> tuple[Qwen2Shape, ModelOptions]
         vocab_size=args.vocab_size,
         tie_word_embeddings=not args.untie_embeddings_and_output_weights,
     )
-    options = ModelOptions(
-        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-        rotary_base=args.rotary_base,
-        max_position_embeddings=args.max_position_embeddings,
-        rms_norm_eps=args.norm_epsilon,
-    )
-    return shape, options
+    given = {"rotary_base": args.rotary_base, "rms_norm_eps": args.norm_epsilon}
+    for name in ("make_vocab_size_divisible_by", "max_position_embeddings"):
+        if getattr(args, name) is not None:  # left out in training: ModelOptions' defaults
+            given[name] = getattr(args, name)
+    return shape, ModelOptions(**given)
 
 
 def check_against_hf_config(shape: Qwen2Shape, options: ModelOptions, hf_config) -> None:

@@ -44,9 +44,16 @@ def learning_rate(step: int, config: OptimConfig) -> float:
     return config.min_lr + (config.lr - config.min_lr) * factor
 
 
+def refuse_update(norm: float, skip_above: float | None) -> bool:
+    """Whether a step with this gradient norm must not be applied: not finite (a NaN or inf anywhere in the
+    gradients), or above the bound the health guard sets for a spike."""
+    return not math.isfinite(norm) or (skip_above is not None and norm > skip_above)
+
+
 class CpuAdam:
     def __init__(self, model, config: OptimConfig):
         self.config = config
+        self.lr_scale = 1.0  # the health guard's remedy after a rollback (lr halved), set by the driver
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.adam = torch.optim.AdamW(
             self.params,
@@ -73,12 +80,16 @@ class CpuAdam:
             dist.all_reduce(squares, group=parallel_state.get_tensor_model_parallel_group())
         return float(squares.sqrt())
 
-    def step(self) -> tuple[bool, float]:
-        """Adam step on the DDP-reduced gradients; returns (applied, grad norm before clipping)."""
+    def current_lr(self) -> float:
+        return learning_rate(self.iteration, self.config) * self.lr_scale
+
+    def step(self, skip_above: float | None = None) -> tuple[bool, float]:
+        """Adam step on the DDP-reduced gradients; returns (applied, grad norm before clipping). Not applied (and the
+        iteration not counted) when `refuse_update` says so."""
         for p in self.params:
             p.grad = getattr(p, "main_grad", p.grad)
         norm = self.grad_norm()
-        if not math.isfinite(norm):
+        if refuse_update(norm, skip_above):
             return False, norm
         if self.config.clip_grad and norm > self.config.clip_grad:
             scale = self.config.clip_grad / (norm + 1e-6)
@@ -86,7 +97,7 @@ class CpuAdam:
                 if p.grad is not None:
                     p.grad.mul_(scale)
         for group in self.adam.param_groups:
-            group["lr"] = learning_rate(self.iteration, self.config)
+            group["lr"] = self.current_lr()
         self.adam.step()
         self.iteration += 1
         return True, norm
@@ -132,16 +143,39 @@ class GpuOptimizer:
         self.config = config
         self.optimizer = get_megatron_optimizer(megatron_optimizer_config(config, params_dtype), [ddp_model])
         self.iteration = 0
+        self.lr_scale = 1.0
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad()
 
-    def step(self) -> tuple[bool, float]:
+    def current_lr(self) -> float:
+        return learning_rate(self.iteration, self.config) * self.lr_scale
+
+    def step(self, skip_above: float | None = None) -> tuple[bool, float]:
+        """Megatron's optimizer step taken apart (as its own `step` is) so that the gradient norm is known before the
+        update: with bf16 and no loss scaler Megatron checks no NaN and would apply one, and a spike must be refused
+        before it is applied."""
+        if self.optimizer.prepare_grads():  # fp16 loss scaling found an inf
+            return False, math.inf
+        norm = float(self.optimizer.get_grad_norm())
+        if refuse_update(norm, skip_above):
+            return False, norm
+        self._clip(norm)
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.iteration, self.config)
-        applied, norm, _ = self.optimizer.step()
+            group["lr"] = self.current_lr()
+        applied = self.optimizer.step_with_ready_grads()
         self.iteration += 1
-        return bool(applied), float(norm or 0.0)
+        return bool(applied), norm
+
+    def _clip(self, norm: float) -> None:
+        """Scale the gradients to at most clip_grad by the norm already computed (as Megatron's chained step does)."""
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            params = optimizer.get_parameters()
+            if params and optimizer.config.clip_grad > 0.0:
+                decoupled = optimizer.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8
+                clip_grad_by_total_norm_fp32(params, optimizer.config.clip_grad, norm, decoupled)
 
     def state_dict(self) -> dict:
         """Adam moments, fp32 main weights (bf16 training) and the step count, for this rank (see save_actor).

@@ -1,0 +1,1 @@
+"""Training health: signals of every step, the guard that acts on them, and its remedies."""

@@ -1,0 +1,176 @@
+"""The health guard's settings: which faults stop a run, which steps are skipped, and the bounds of every rule.
+
+Every bound is a flag (`--health-*`, `--max-*`); the defaults are the ones measured on the CPU miniature not to fire on
+its healthy runs while catching its collapses (docs/benchmarks/health.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from slime_search.utils.flag_types import fraction, non_negative_int, positive_float, positive_int
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    enabled: bool = True  # --health-guard: the rules below warn, skip and roll back; off, only the hard stops remain
+    # ---- what a rollout returns: stop or skip ---------------------------------------------------------------------
+    max_reward_error_rate: float = 0.0  # above it, the run stops with the first bad reward
+    max_search_failure_rate: float = 0.05  # above it, the step is skipped (not trained on the rest)
+    max_skipped_steps: int = 3  # skipped steps in a row before the run stops
+    # ---- the update: refused when the gradient is not finite or spikes --------------------------------------------
+    grad_spike: float = 10.0  # x the median gradient norm of the recent applied steps
+    # ---- warnings: a rule beyond its bound; `patience` steps in a row escalate to a rollback ----------------------
+    window: int = 10  # steps of history for baselines and medians
+    entropy_low: float = 0.1  # x the run's starting entropy: collapse
+    entropy_high: float = 3.0  # x the starting entropy: explosion (gibberish)
+    max_logprob_gap: float = 0.1  # mean |trainer - engine| log-prob per token, at any version lag
+    max_is_capped_share: float = 0.2  # share of tokens whose importance weight the cap truncates
+    length_blowup: float = 2.5  # x the starting p90 response length
+    truncation_rise: float = 0.3  # the share of samples that hit a length budget, above its starting value
+    patience: int = 3
+    # ---- rollbacks: reward drops, or a warning that persists -------------------------------------------------------
+    reward_drop: float = 0.3  # the training reward's window mean below its best by more than this
+    eval_drop: float = 0.2  # a held-out metric below its best by more than this
+    confirm_steps: int = 3  # a checkpoint is a rollback target once this many steps after it were clean
+    max_rollbacks: int = 2  # then the run stops with the rule, the step and the values
+    lr_factor: float = 0.5  # a rollback's remedy: the learning rate times this, per rollback
+
+
+def add_health_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("training health (docs/benchmarks/health.md)")
+    g.add_argument(
+        "--health-guard",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="check every step against the rules below: warn, refuse an update, roll back to the last healthy "
+        "checkpoint with a remedy (needs --save-interval). Off, a non-finite reward or gradient and a failing "
+        "retriever still stop or skip as below",
+    )
+    g.add_argument(
+        "--max-reward-error-rate",
+        type=fraction,
+        default=0.0,
+        help="share of a rollout's samples whose reward may be NaN, infinite, not a number, or raised; above it the "
+        "run stops with the first such error (below it those samples leave the loss)",
+    )
+    g.add_argument(
+        "--max-search-failure-rate",
+        type=fraction,
+        default=0.05,
+        help="share of a rollout's search calls that may fail; above it the step is skipped, not trained on the "
+        "trajectories that did not search",
+    )
+    g.add_argument(
+        "--max-skipped-steps",
+        type=positive_int,
+        default=3,
+        help="steps in a row that may be skipped (failed searches, no trainable sample, a refused update) before "
+        "the run stops with the cause",
+    )
+    g.add_argument(
+        "--health-grad-spike",
+        type=positive_float,
+        default=10.0,
+        help="an update whose gradient norm exceeds this many times the median of the recent applied ones is not "
+        "applied",
+    )
+    g.add_argument("--health-window", type=positive_int, default=10, help="steps of history for baselines and medians")
+    g.add_argument(
+        "--health-entropy-low",
+        type=positive_float,
+        default=0.1,
+        help="warn when the policy's entropy falls below this times its starting value (collapse)",
+    )
+    g.add_argument(
+        "--health-entropy-high",
+        type=positive_float,
+        default=3.0,
+        help="warn when the policy's entropy rises above this times its starting value (explosion)",
+    )
+    g.add_argument(
+        "--health-max-logprob-gap",
+        type=positive_float,
+        default=0.1,
+        help="warn when the mean |trainer - engine| log-prob per token exceeds this at any version lag",
+    )
+    g.add_argument(
+        "--health-max-is-capped-share",
+        type=fraction,
+        default=0.2,
+        help="warn when this share of tokens has an importance weight beyond the TIS cap",
+    )
+    g.add_argument(
+        "--health-length-blowup",
+        type=positive_float,
+        default=2.5,
+        help="warn when the p90 response length exceeds this times its starting value",
+    )
+    g.add_argument(
+        "--health-truncation-rise",
+        type=fraction,
+        default=0.3,
+        help="warn when the share of a rollout's samples that hit a length budget rises this far above its start",
+    )
+    g.add_argument(
+        "--health-patience",
+        type=positive_int,
+        default=3,
+        help="a warning that holds this many steps in a row rolls the run back",
+    )
+    g.add_argument(
+        "--health-reward-drop",
+        type=positive_float,
+        default=0.3,
+        help="roll back when the training reward's window mean falls this far below its best",
+    )
+    g.add_argument(
+        "--health-eval-drop",
+        type=positive_float,
+        default=0.2,
+        help="roll back when a held-out metric (the reward's key, per eval) falls this far below its best",
+    )
+    g.add_argument(
+        "--health-confirm-steps",
+        type=positive_int,
+        default=3,
+        help="a checkpoint becomes a rollback target once this many steps after it raised no warning; the guard "
+        "keeps it from --keep-checkpoints",
+    )
+    g.add_argument(
+        "--max-rollbacks",
+        type=non_negative_int,
+        default=2,
+        help="rollbacks before the run stops with the rule, the step and the values (0: stop at the first)",
+    )
+    g.add_argument(
+        "--health-lr-factor",
+        type=positive_float,
+        default=0.5,
+        help="a rollback's remedy: the learning rate is multiplied by this (and in --async-mode fully the staleness "
+        "bound lowered, then one-step)",
+    )
+
+
+def health_config(args: argparse.Namespace) -> HealthConfig:
+    return HealthConfig(
+        enabled=args.health_guard,
+        max_reward_error_rate=args.max_reward_error_rate,
+        max_search_failure_rate=args.max_search_failure_rate,
+        max_skipped_steps=args.max_skipped_steps,
+        grad_spike=args.health_grad_spike,
+        window=args.health_window,
+        entropy_low=args.health_entropy_low,
+        entropy_high=args.health_entropy_high,
+        max_logprob_gap=args.health_max_logprob_gap,
+        max_is_capped_share=args.health_max_is_capped_share,
+        length_blowup=args.health_length_blowup,
+        truncation_rise=args.health_truncation_rise,
+        patience=args.health_patience,
+        reward_drop=args.health_reward_drop,
+        eval_drop=args.health_eval_drop,
+        confirm_steps=args.health_confirm_steps,
+        max_rollbacks=args.max_rollbacks,
+        lr_factor=args.health_lr_factor,
+    )

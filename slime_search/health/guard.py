@@ -1,0 +1,345 @@
+"""The health guard: after every rollout, every batch and every step, the run's own numbers are checked, and what they
+say is acted on, by severity.
+
+    stop      the run cannot be trusted to go on: rewards that are not numbers above --max-reward-error-rate, an
+              actor whose log-probs are not finite, too many skipped steps in a row, a rollback with no healthy
+              checkpoint to go back to or none left (--max-rollbacks)
+    skip      the step is not trained: more than --max-search-failure-rate of its searches failed (training on the
+              trajectories that did not search teaches the policy not to search), or no sample is trainable
+    refuse    the update is computed but not applied: its gradient norm is not finite, or spikes above
+              --health-grad-spike x the median of the recent applied ones (decided inside the optimizer step)
+    warn      a signal is beyond its bound: entropy collapse or explosion, the trainer-engine log-prob gap, the share
+              of importance weights beyond the cap, response length blow-up, truncations
+    rollback  a warning held --health-patience steps in a row, or the training reward (window mean) or a held-out
+              metric fell from its best by more than its margin: the run goes back to the newest checkpoint that
+              stayed clean for --health-confirm-steps steps and continues with a remedy
+
+The guard's state is a function of the run's records (metrics.jsonl) and its rollback count, so a resumed run
+replays the records it kept and continues exactly where it was (`replay`). Without --health-guard only the stops
+and skips of the first two kinds and non-finite updates remain.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from slime_search.health.config import HealthConfig
+
+ACTIONS = ("warn", "refuse", "skip", "rollback", "stop")
+BASELINE_STEPS = 3  # the starting value of a signal is its median over the first steps of the run
+
+
+@dataclass(frozen=True)
+class Event:
+    """One decision of the guard: a line of RUN/health.jsonl and of the report."""
+
+    step: int
+    action: str  # one of ACTIONS
+    rule: str
+    message: str
+    values: dict[str, float] = field(default_factory=dict)
+
+    def record(self, attempt: int) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "action": self.action,
+            "rule": self.rule,
+            "message": self.message,
+            "values": self.values,
+            "attempt": attempt,
+        }
+
+
+class RunStopped(RuntimeError):
+    """The guard stopped the run; the message names the rule, the step and the values."""
+
+
+def _num(metrics: dict[str, Any], key: str) -> float | None:
+    value = metrics.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class HealthGuard:
+    def __init__(self, config: HealthConfig, reward_key: str = "score"):
+        self.config = config
+        self.eval_key = f"eval/{reward_key}"
+        self.rollbacks = 0
+        self._history: list[dict[str, Any]] = []  # step records of the current timeline, in order
+        self._streaks: dict[str, int] = {}  # warning rule -> consecutive steps it held
+        self._skipped_in_a_row = 0
+        self._troubled: set[int] = set()  # steps with a warning, a refused update or a skip
+        self._best_eval: tuple[float, int] | None = None  # (value, version)
+
+    # ---- before training: what the rollout returned ---------------------------------------------------------------
+    def check_rollout(self, step: int, metrics: dict[str, Any], errors: dict[str, str]) -> list[Event]:
+        """Stop on unusable rewards above their rate; skip a step whose searches failed or that has no trainable
+        sample; warn on the samples lost below those bounds."""
+        samples = _num(metrics, "rollout/samples") or 0.0
+        events: list[Event] = []
+        bad_rewards = _num(metrics, "rollout/reward_errors") or 0.0
+        if bad_rewards:
+            rate = bad_rewards / max(samples, 1.0)
+            values = {"reward_errors": bad_rewards, "samples": samples, "rate": rate}
+            first = errors.get("reward_error", "")
+            if rate > self.config.max_reward_error_rate:
+                message = (
+                    f"step {step}: {bad_rewards:.0f} of {samples:.0f} rewards were not usable (rate {rate:.3f} > "
+                    f"--max-reward-error-rate {self.config.max_reward_error_rate}); first: {first}"
+                )
+                return [Event(step, "stop", "reward_errors", message, values)]
+            events.append(Event(step, "warn", "reward_errors", f"{bad_rewards:.0f} rewards left out: {first}", values))
+        bad_log_probs = _num(metrics, "rollout/nonfinite_log_probs") or 0.0
+        if bad_log_probs:
+            message = f"{bad_log_probs:.0f} samples left out: {errors.get('nonfinite_logprob', '')}"
+            events.append(Event(step, "warn", "engine_log_probs", message, {"samples": bad_log_probs}))
+        calls = _num(metrics, "rollout/search_calls") or 0.0
+        failures = _num(metrics, "rollout/search_failures") or 0.0
+        if calls and failures / calls > self.config.max_search_failure_rate:
+            rate = failures / calls
+            message = (
+                f"step {step}: {failures:.0f} of {calls:.0f} search calls failed (rate {rate:.3f} > "
+                f"--max-search-failure-rate {self.config.max_search_failure_rate}); first: "
+                f"{errors.get('search_error', '')}"
+            )
+            return [*events, self._skip(step, "search_failures", message, {"failures": failures, "calls": calls})]
+        if not _num(metrics, "rollout/trainable"):
+            message = f"step {step}: no trainable sample ({no_sample_cause(metrics, errors)})"
+            return [*events, self._skip(step, "no_trainable_sample", message, {"samples": samples})]
+        return events
+
+    def _skip(self, step: int, rule: str, message: str, values: dict[str, float]) -> Event:
+        """A skipped step; the last one allowed in a row becomes a stop."""
+        if self._skipped_in_a_row + 1 >= self.config.max_skipped_steps:
+            message = f"{self._skipped_in_a_row + 1} steps in a row skipped; the last: {message}"
+            return Event(step, "stop", rule, message, values)
+        return Event(step, "skip", rule, message, values)
+
+    def check_batch(self, step: int, metrics: dict[str, Any]) -> list[Event]:
+        """After the trainer's log-probs: an actor whose log-probs are not finite has non-finite weights; nothing it
+        would train or save can be trusted."""
+        bad = _num(metrics, "health/nonfinite_old_log_probs") or 0.0
+        if bad:
+            message = f"step {step}: the actor's log-probs of {bad:.0f} tokens are not finite: its weights are damaged"
+            return [Event(step, "stop", "nonfinite_weights", message, {"tokens": bad})]
+        return []
+
+    # ---- the update ---------------------------------------------------------------------------------------------
+    def skip_above(self) -> float | None:
+        """The gradient norm above which an update is refused: --health-grad-spike x the median of the recent applied
+        steps' (None until there are BASELINE_STEPS of them, or with the guard off)."""
+        if not self.config.enabled:
+            return None
+        norms = [
+            r["train/grad_norm"]
+            for r in self._history[-self.config.window :]
+            if _num(r, "train/grad_norm") is not None and (_num(r, "train/steps_applied") or 0.0) > 0
+        ]
+        if len(norms) < BASELINE_STEPS:
+            return None
+        return self.config.grad_spike * statistics.median(norms)
+
+    # ---- after the step --------------------------------------------------------------------------------------------
+    def review(self, step: int, metrics: dict[str, Any]) -> list[Event]:
+        """The step's events (refused updates, warnings, a rollback when one is due), then the step joins the
+        history. `metrics` is the step's whole record, health/step_skipped included."""
+        events = self._refusals(step, metrics)
+        if self.config.enabled and not metrics.get("health/step_skipped"):
+            warnings = self._warnings(step, metrics)
+            events += warnings
+            events += self._escalations(step, {event.rule for event in warnings})
+            events += self._reward_drop(step, metrics)
+        self._observe(step, metrics, events)
+        return events
+
+    def review_eval(self, version: int, metrics: dict[str, Any]) -> list[Event]:
+        """A held-out evaluation of `version`: a rollback when the reward key's metric fell from its best."""
+        value = _num(metrics, self.eval_key)
+        if value is None:
+            return []
+        events = []
+        if self.config.enabled and self._best_eval is not None:
+            best, best_version = self._best_eval
+            if best - value > self.config.eval_drop:
+                message = (
+                    f"{self.eval_key} {value:.3f} at version {version}, {best - value:.3f} below its best {best:.3f} "
+                    f"(version {best_version}; --health-eval-drop {self.config.eval_drop})"
+                )
+                values = {"value": value, "best": best, "since": float(best_version)}
+                events.append(Event(version, "rollback", "eval_drop", message, values))
+        if self._best_eval is None or value > self._best_eval[0]:
+            self._best_eval = (value, version)
+        return events
+
+    def _refusals(self, step: int, metrics: dict[str, Any]) -> list[Event]:
+        """Updates the optimizer refused. A step none of whose updates was applied learned nothing: it counts as a
+        skipped step (and the last one allowed in a row stops the run)."""
+        steps, applied = _num(metrics, "train/steps"), _num(metrics, "train/steps_applied")
+        if steps is None or applied is None or applied >= steps:
+            return []
+        norm = _num(metrics, "train/grad_norm_max")
+        finite = norm is not None and abs(norm) < float("inf")
+        rule = "grad_spike" if finite else "nonfinite_gradient"
+        message = f"step {step}: {steps - applied:.0f} of {steps:.0f} updates not applied (gradient norm {norm})"
+        values = {"grad_norm": norm if finite else -1.0, "refused": steps - applied}
+        if applied == 0:
+            skip = self._skip(step, rule, message, values)
+            return [skip if skip.action == "stop" else Event(step, "refuse", rule, message, values)]
+        return [Event(step, "refuse", rule, message, values)]
+
+    def _warnings(self, step: int, metrics: dict[str, Any]) -> list[Event]:
+        c = self.config
+        events = []
+
+        def warn(rule: str, message: str, **values: float) -> None:
+            events.append(Event(step, "warn", rule, f"step {step}: {message}", values))
+
+        entropy, start = _num(metrics, "train/entropy"), self._baseline("train/entropy")
+        if entropy is not None and start:
+            if entropy < c.entropy_low * start:
+                warn(
+                    "entropy_collapse",
+                    f"entropy {entropy:.4g} < {c.entropy_low} x its start {start:.4g}",
+                    value=entropy,
+                    start=start,
+                )
+            elif entropy > c.entropy_high * start:
+                warn(
+                    "entropy_explosion",
+                    f"entropy {entropy:.4g} > {c.entropy_high} x its start {start:.4g}",
+                    value=entropy,
+                    start=start,
+                )
+        gaps = {k: v for k, v in metrics.items() if k.startswith("health/logprob_gap") and _num(metrics, k) is not None}
+        worst = max(gaps.items(), key=lambda kv: kv[1], default=None)
+        if worst is not None and worst[1] > c.max_logprob_gap:
+            warn(
+                "logprob_gap",
+                f"{worst[0]} {worst[1]:.4g} > --health-max-logprob-gap {c.max_logprob_gap}",
+                value=float(worst[1]),
+            )
+        capped = _num(metrics, "health/is_capped_share")
+        if capped is not None and capped > c.max_is_capped_share:
+            warn(
+                "is_weight_tail",
+                f"{capped:.3f} of tokens beyond the importance-weight cap (> {c.max_is_capped_share})",
+                value=capped,
+            )
+        length, start = _num(metrics, "rollout/response_length_p90"), self._baseline("rollout/response_length_p90")
+        if length is not None and start and length > c.length_blowup * start:
+            warn(
+                "length_blowup",
+                f"p90 response length {length:.0f} > {c.length_blowup} x its start {start:.0f}",
+                value=length,
+                start=start,
+            )
+        truncated, start = _num(metrics, "rollout/truncation_rate"), self._baseline("rollout/truncation_rate")
+        if truncated is not None and start is not None and truncated - start > c.truncation_rise:
+            warn(
+                "truncation",
+                f"{truncated:.3f} of samples truncated, {c.truncation_rise} or more above its start {start:.3f}",
+                value=truncated,
+                start=start,
+            )
+        return events
+
+    def _escalations(self, step: int, warned: set[str]) -> list[Event]:
+        """A rollback when a warning has held --health-patience steps in a row; `since`: the streak's first step. A
+        warning that has held since the run's first step is a standing condition, not a change: there is no healthier
+        state to go back to, so it stays a warning."""
+        first = self._history[0]["step"] if self._history else step
+        streaks = {rule: self._streaks.get(rule, 0) + 1 for rule in warned}
+        lasting = sorted(
+            (rule for rule, n in streaks.items() if n >= self.config.patience and step - n + 1 > first),
+            key=lambda r: -streaks[r],
+        )
+        if not lasting:
+            return []
+        message = f"step {step}: {', '.join(lasting)} held {streaks[lasting[0]]} steps in a row"
+        since = step - streaks[lasting[0]] + 1
+        return [Event(step, "rollback", lasting[0], message, {"since": float(since)})]
+
+    @property
+    def reward_window(self) -> int:
+        return max(1, self.config.window // 2)
+
+    def _reward_drop(self, step: int, metrics: dict[str, Any]) -> list[Event]:
+        """The training reward's mean over the last `reward_window` steps against the best such mean so far."""
+        records = [r for r in [*self._history, metrics] if _num(r, "rollout/reward_mean") is not None]
+        width = self.reward_window
+        means = [
+            (records[i - width]["step"], sum(r["rollout/reward_mean"] for r in records[i - width : i]) / width)
+            for i in range(width, len(records) + 1)
+        ]
+        if len(means) < 2:
+            return []
+        best_since, best = max(means, key=lambda m: m[1])
+        now = means[-1][1]
+        if best - now <= self.config.reward_drop:
+            return []
+        message = (
+            f"step {step}: training reward {now:.3f} (mean of {width} steps), {best - now:.3f} below its best "
+            f"{best:.3f} (--health-reward-drop {self.config.reward_drop})"
+        )
+        return [Event(step, "rollback", "reward_drop", message, {"value": now, "best": best, "since": best_since})]
+
+    def _baseline(self, key: str) -> float | None:
+        values = [r[key] for r in self._history if _num(r, key) is not None][:BASELINE_STEPS]
+        return statistics.median(values) if len(values) == BASELINE_STEPS else None
+
+    def _observe(self, step: int, metrics: dict[str, Any], events: list[Event]) -> None:
+        warned = {e.rule for e in events if e.action == "warn"}
+        self._streaks = {rule: self._streaks.get(rule, 0) + 1 for rule in warned}
+        skipped = bool(metrics.get("health/step_skipped")) or (
+            _num(metrics, "train/steps_applied") == 0.0 and bool(_num(metrics, "train/steps"))
+        )
+        self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
+        if skipped or any(e.action in ("warn", "refuse", "skip") for e in events):
+            self._troubled.add(step)
+        self._history.append({**metrics, "step": step})
+
+    # ---- checkpoints and rollbacks ---------------------------------------------------------------------------
+    def healthy_checkpoint(self, checkpoints: list[int], before: int) -> int | None:
+        """The newest of `checkpoints` (steps done) at or before `before` whose neighbourhood stayed clean: the step
+        that produced it and the --health-confirm-steps steps after it raised nothing."""
+        last = self._history[-1]["step"] if self._history else -1
+        for k in sorted(checkpoints, reverse=True):
+            if k > before or k + self.config.confirm_steps - 1 > last:
+                continue
+            if not any(s in self._troubled for s in range(max(0, k - 1), k + self.config.confirm_steps)):
+                return k
+        return None
+
+    def protected_checkpoint(self, checkpoints: list[int]) -> int | None:
+        """The checkpoint a rollback would go back to now, which --keep-checkpoints must not remove."""
+        return self.healthy_checkpoint(checkpoints, before=self._history[-1]["step"] + 1 if self._history else 0)
+
+    def rolled_back(self, to_step: int) -> None:
+        """The run continues from `to_step` (steps done at the checkpoint): later history is forgotten."""
+        self.rollbacks += 1
+        self._history = [r for r in self._history if r["step"] < to_step]
+        self._troubled = {s for s in self._troubled if s < to_step}
+        self._streaks, self._skipped_in_a_row = {}, 0
+        if self._best_eval is not None and self._best_eval[1] > to_step:
+            self._best_eval = None
+            for record in self._history:
+                self.review_eval(record["step"], {k: v for k, v in record.items() if k == self.eval_key})
+
+    def replay(self, records: list[dict[str, Any]], rollbacks: int) -> None:
+        """Rebuild the state of a resumed run from the records it kept (in file order) and its rollback count."""
+        self.rollbacks = rollbacks
+        for record in records:
+            if "time/step_s" in record:
+                self.review(record["step"], record)
+            elif self.eval_key in record:
+                self.review_eval(record["step"], record)
+
+
+def no_sample_cause(metrics: dict[str, Any], errors: dict[str, str]) -> str:
+    """Why a rollout left nothing to train on, in words."""
+    if errors:
+        return "; ".join(f"{cause}: {message}" for cause, message in errors.items())
+    if metrics.get("rollout/groups_dropped_zero_std"):
+        return f"all {metrics['rollout/groups_dropped_zero_std']:.0f} groups were filtered for zero reward std"
+    return "the rollout returned no sample"

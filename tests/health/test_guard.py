@@ -1,0 +1,178 @@
+"""The health guard's rules on hand-made step records: what stops, skips, refuses, warns and rolls back, and a resumed
+guard that replays its records decides as the one that ran."""
+
+import math
+
+import pytest
+
+from slime_search.health.config import HealthConfig
+from slime_search.health.guard import HealthGuard
+from slime_search.health.remedy import lr_scale, remedied_schedule
+from slime_search.rollout.schedule import ScheduleConfig
+
+
+def rollout(samples=64, trainable=64, reward_errors=0, search_calls=0, search_failures=0, **extra):
+    return {
+        "rollout/samples": float(samples),
+        "rollout/trainable": float(trainable),
+        "rollout/reward_errors": float(reward_errors),
+        "rollout/search_calls": float(search_calls),
+        "rollout/search_failures": float(search_failures),
+        **extra,
+    }
+
+
+def step_record(step, reward=0.5, entropy=1.0, grad_norm=1.0, applied=1, length=100.0, **extra):
+    return {
+        "step": step,
+        "time/step_s": 1.0,
+        "rollout/reward_mean": reward,
+        "rollout/response_length_p90": length,
+        "train/entropy": entropy,
+        "train/grad_norm": grad_norm,
+        "train/grad_norm_max": grad_norm,
+        "train/steps": 1.0,
+        "train/steps_applied": float(applied),
+        "rollout/truncation_rate": 0.1,
+        **extra,
+    }
+
+
+def test_unusable_rewards_stop_the_run_above_their_rate_with_the_first_message():
+    guard = HealthGuard(HealthConfig())
+    errors = {"reward_error": "reward plugin m.f returned nan for sample 3"}
+    [event] = guard.check_rollout(7, rollout(reward_errors=8), errors)
+    assert event.action == "stop" and event.rule == "reward_errors"
+    assert "8 of 64" in event.message and "returned nan for sample 3" in event.message and "step 7" in event.message
+    tolerant = HealthGuard(HealthConfig(max_reward_error_rate=0.2))
+    [event] = tolerant.check_rollout(7, rollout(reward_errors=8), errors)
+    assert event.action == "warn"
+
+
+def test_a_step_whose_searches_failed_is_skipped_and_skips_in_a_row_stop_the_run():
+    guard = HealthGuard(HealthConfig(max_search_failure_rate=0.05, max_skipped_steps=3))
+    errors = {"search_error": "http://127.0.0.1:9/retrieve: search failed after 4 attempts"}
+    failing = rollout(trainable=48, search_calls=16, search_failures=16)
+    for step in range(2):
+        [event] = guard.check_rollout(step, failing, errors)
+        assert event.action == "skip" and "16 of 16 search calls failed" in event.message
+        assert "127.0.0.1:9/retrieve" in event.message
+        guard.review(step, {**step_record(step), "health/step_skipped": 1.0})
+    [event] = guard.check_rollout(2, failing, errors)
+    assert event.action == "stop" and "3 steps in a row skipped" in event.message
+    # below the rate the step trains (a few failed searches are the retriever's ordinary weather)
+    assert HealthGuard(HealthConfig()).check_rollout(0, rollout(search_calls=100, search_failures=3), {}) == []
+
+
+def test_a_rollout_with_nothing_to_train_is_skipped_with_its_cause():
+    guard = HealthGuard(HealthConfig())
+    [event] = guard.check_rollout(0, rollout(trainable=0), {"engine_error": "engine http://e:1 refused"})
+    assert event.action == "skip" and "engine_error: engine http://e:1 refused" in event.message
+    [event] = guard.check_rollout(0, rollout(trainable=0, **{"rollout/groups_dropped_zero_std": 8.0}), {})
+    assert "all 8 groups were filtered for zero reward std" in event.message
+
+
+def test_an_actor_with_non_finite_log_probs_stops_the_run():
+    [event] = HealthGuard(HealthConfig()).check_batch(3, {"health/nonfinite_old_log_probs": 5.0})
+    assert event.action == "stop" and event.rule == "nonfinite_weights"
+
+
+def test_spike_bound_follows_the_median_of_applied_steps_and_refusals_are_reported():
+    guard = HealthGuard(HealthConfig(grad_spike=10.0))
+    assert guard.skip_above() is None
+    for step, norm in enumerate([1.0, 3.0, 2.0]):
+        guard.review(step, step_record(step, grad_norm=norm))
+    assert guard.skip_above() == pytest.approx(20.0)
+    [event] = guard.review(3, step_record(3, grad_norm=math.nan, applied=0))
+    assert (event.action, event.rule) == ("refuse", "nonfinite_gradient")
+    [event] = guard.review(4, step_record(4, grad_norm=500.0, applied=0))
+    assert (event.action, event.rule) == ("refuse", "grad_spike")
+    assert guard.skip_above() == pytest.approx(20.0)  # refused steps do not move the median
+    assert HealthGuard(HealthConfig(enabled=False)).skip_above() is None
+
+
+def test_a_warning_that_holds_patience_steps_rolls_back_to_before_it_began():
+    guard = HealthGuard(HealthConfig(patience=3, entropy_low=0.1))
+    for step in range(5):
+        assert guard.review(step, step_record(step, entropy=1.0)) == []
+    actions = [[e.action for e in guard.review(step, step_record(step, entropy=0.05))] for step in range(5, 8)]
+    assert actions == [["warn"], ["warn"], ["warn", "rollback"]]
+    rollback = guard.review(8, step_record(8, entropy=0.05))[-1]
+    assert rollback.rule == "entropy_collapse" and rollback.values["since"] == 5  # the streak's first step
+    # a checkpoint (steps done) qualifies when the step that made it and the 3 after it were clean: 2 (steps 1-4);
+    # not 4, whose third step after it (5) warned
+    assert guard.healthy_checkpoint([2, 4, 6], before=5) == 2
+    assert guard.healthy_checkpoint([1, 3], before=5) == 1
+    assert guard.healthy_checkpoint([2], before=1) is None  # after the trouble began
+    assert guard.healthy_checkpoint([6], before=8) is None
+
+
+def test_a_condition_that_held_from_the_first_step_warns_but_never_rolls_back():
+    """A tiny random policy truncates every sample from step 0: there is no healthier state to go back to."""
+    guard = HealthGuard(HealthConfig(patience=2))
+    gap = {"health/logprob_gap_lag0": 0.5}
+    actions = [[e.action for e in guard.review(step, step_record(step, **gap))] for step in range(4)]
+    assert actions == [["warn"]] * 4
+
+
+def test_signals_beyond_their_bounds_warn():
+    guard = HealthGuard(HealthConfig())
+    for step in range(3):
+        guard.review(step, step_record(step))
+    record = step_record(
+        3,
+        entropy=3.5,
+        length=300.0,
+        **{"health/logprob_gap_lag2p": 0.4, "health/is_capped_share": 0.3, "rollout/truncation_rate": 0.45},
+    )
+    rules = {e.rule for e in guard.review(3, record)}
+    assert rules == {"entropy_explosion", "length_blowup", "logprob_gap", "is_weight_tail", "truncation"}
+
+
+def test_a_reward_drop_rolls_back_to_before_the_best_window():
+    guard = HealthGuard(HealthConfig(window=4, reward_drop=0.3))  # window means over 2 steps
+    rewards = [0.2, 0.6, 0.8, 0.8, 0.7, 0.5, 0.3]
+    events = [guard.review(step, step_record(step, reward=r)) for step, r in enumerate(rewards)]
+    assert all(e == [] for e in events[:-1])
+    [rollback] = events[-1]
+    assert rollback.rule == "reward_drop" and rollback.values["since"] == 2  # the best window: steps 2 and 3
+    assert rollback.values["best"] == pytest.approx(0.8) and rollback.values["value"] == pytest.approx(0.4)
+
+
+def test_a_held_out_drop_rolls_back():
+    guard = HealthGuard(HealthConfig(eval_drop=0.2), reward_key="score")
+    assert guard.review_eval(0, {"eval/score": 0.1}) == []
+    assert guard.review_eval(5, {"eval/score": 0.9}) == []
+    assert guard.review_eval(10, {"eval/score": 0.8}) == []
+    [event] = guard.review_eval(15, {"eval/score": 0.6})
+    assert event.action == "rollback" and event.values["since"] == 5
+
+
+def test_without_the_guard_only_hard_stops_and_skips_remain():
+    guard = HealthGuard(HealthConfig(enabled=False))
+    for step in range(3):
+        guard.review(step, step_record(step))
+    assert guard.review(3, step_record(3, entropy=0.0, reward=0.0)) == []
+    assert guard.check_rollout(4, rollout(reward_errors=1), {})[0].action == "stop"
+
+
+def test_a_replayed_guard_decides_as_the_one_that_ran():
+    config = HealthConfig(patience=3, grad_spike=5.0)
+    records = [step_record(s, entropy=1.0 if s < 5 else 0.05, grad_norm=1.0 + s) for s in range(7)]
+    live = HealthGuard(config)
+    for record in records:
+        live.review(record["step"], record)
+    replayed = HealthGuard(config)
+    replayed.replay([*records, {"step": 7, "eval/score": 0.5, "time/eval_s": 1.0}], rollbacks=1)
+    assert replayed.rollbacks == 1 and replayed.skip_above() == live.skip_above()
+    following = step_record(7, entropy=0.05)
+    assert [e.action for e in replayed.review(7, dict(following))] == [e.action for e in live.review(7, following)]
+
+
+def test_remedies_lower_the_learning_rate_and_the_staleness():
+    fully = ScheduleConfig("fully", 2)
+    assert remedied_schedule(fully, 0) == fully
+    assert remedied_schedule(fully, 1) == ScheduleConfig("fully", 1)
+    assert remedied_schedule(fully, 2) == ScheduleConfig("one-step", 1)
+    assert remedied_schedule(ScheduleConfig("off"), 3) == ScheduleConfig("off")
+    assert lr_scale(0.5, 0) == 1.0 and lr_scale(0.5, 2) == 0.25
