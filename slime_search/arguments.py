@@ -8,11 +8,12 @@ the engines' address added by the RolloutManager on a copy. Argument groups are 
 from __future__ import annotations
 
 import argparse
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from slime_search.health.config import HealthConfig, add_health_arguments, health_config
-from slime_search.rollout.schedule import ASYNC_MODES
+from slime_search.rollout.schedule import ASYNC_MODES, BATCH_ORDERS
 from slime_search.search_r1.config import add_search_r1_arguments
 from slime_search.utils.flag_types import (
     below_one,
@@ -51,6 +52,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine-max-batch-size", type=positive_int, default=32, help="CPU engine: sequences decoded together"
     )
     g.add_argument("--cpu-engines", type=positive_int, default=1, help="CPU engine servers on a machine without GPUs")
+    g.add_argument(
+        "--cpu-engine-args",
+        default="",
+        help="more arguments for every CPU engine server this run starts, as one string: its injected faults "
+        "(--decode-delay-ms, --freeze-weights-after) for measuring the health guard",
+    )
     g.add_argument(
         "--engine-health-timeout",
         type=positive_float,
@@ -137,6 +144,14 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         help="KL estimator: k1 log-ratio, k2 its square / 2, k3 = low_var_kl (clamped to [-10, 10])",
     )
     g.add_argument("--entropy-coef", type=float, default=0.0, help="weight of the entropy bonus")
+    g.add_argument(
+        "--llds-coef",
+        type=non_negative_float,
+        default=0.0,
+        help="weight of a likelihood-preserving term (LLDS-style): on responses whose likelihood fell below the "
+        "old policy's, the tokens that lost likelihood are pushed back; acts from a rollout's second optimizer step "
+        "(--global-batch-size below the rollout), 0: off",
+    )
     g.add_argument(
         "--calculate-per-token-loss",
         action="store_true",
@@ -345,6 +360,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--max-staleness", type=positive_int, default=2, help="--async-mode fully: versions a group may lag (>= 1)"
+    )
+    g.add_argument(
+        "--max-token-lag",
+        type=non_negative_int,
+        default=None,
+        help="--async-mode fully: generated tokens more than this many versions older than the trainer's leave the "
+        "loss (they stay in their trajectory's context); a trajectory that lives through several pushes otherwise "
+        "carries tokens older than --max-staleness",
+    )
+    g.add_argument(
+        "--async-batch-order",
+        choices=BATCH_ORDERS,
+        default="completion",
+        help="--async-mode fully: a batch is the groups that finished first (completion), or the first admitted "
+        "(admission: no bias towards short trajectories, at the cost of waiting for slow ones)",
     )
     add_training_arguments(parser)
     g = parser.add_argument_group("evaluation and logging")
@@ -582,6 +612,7 @@ def actor_config(args: argparse.Namespace, vocab_size: int):
             kl_coef=args.kl_loss_coef if args.use_kl_loss else 0.0,
             kl_loss_type=args.kl_loss_type,
             entropy_coef=args.entropy_coef,
+            llds_coef=args.llds_coef,
             reduction="token_mean" if args.calculate_per_token_loss else "sequence_mean",
             use_tis=use_tis,
             tis_cap=args.tis_cap,
@@ -618,6 +649,7 @@ def engine_config(args: argparse.Namespace, use_gpu: bool, colocated_gpus: int =
         router_port=args.sglang_router_port,
         memory_saver=colocated,
         cpu_engines=args.cpu_engines,
+        cpu_engine_args=tuple(shlex.split(args.cpu_engine_args)),
         cpu_max_batch_size=args.engine_max_batch_size,
         health_timeout_s=args.engine_health_timeout,
         seed=args.seed,
@@ -722,7 +754,7 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
             disk_dir=str(Path(args.save) / "weights"),
             ranks_per_engine=engines.ranks_per_engine,
         ),
-        schedule=ScheduleConfig(args.async_mode, args.max_staleness),
+        schedule=ScheduleConfig(args.async_mode, args.max_staleness, args.max_token_lag, args.async_batch_order),
         wandb=(args.use_wandb, args.wandb_project, args.wandb_group),
         health=health_config(args),
     )

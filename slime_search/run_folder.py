@@ -20,7 +20,7 @@ from slime_search.backends.megatron.checkpoint import (
 )
 from slime_search.utils.records import append_records, keep_records_before, read_records, write_records
 
-LASTING_ACTIONS = ("rollback", "stop")  # guard events that survive a resume
+LASTING_ACTIONS = ("rollback", "stop", "resume")  # guard events that survive a resume
 HEALTH_CONFIG = "health_config.json"
 
 ROLLOUT_STATE = "rollout_state.json"
@@ -56,8 +56,17 @@ class RunFolder:
     def events(self) -> list[dict[str, Any]]:
         return read_records(self.health)
 
+    def record_resume(self, steps_done: int, attempt: int) -> None:
+        """A run stopped by the guard and started again: its stop no longer ends it."""
+        stops = [e for e in self.events() if e["action"] in ("stop", "resume")]
+        if stops and stops[-1]["action"] == "stop":
+            message = f"resumed after step {steps_done} (stopped before: {stops[-1]['message']})"
+            event = {"step": steps_done, "action": "resume", "rule": "resume", "message": message, "values": {}}
+            self.record_events([{**event, "attempt": attempt}])
+
     def rollback_count(self) -> int:
-        return sum(event["action"] == "rollback" for event in self.events())
+        """Rollbacks done (a rollback decision is followed by the event of its completion, which names its target)."""
+        return sum(e["action"] == "rollback" and "to_step" in e.get("values", {}) for e in self.events())
 
     def drop_events_from(self, step: int, attempt: int) -> int:
         """Forget the guard's warnings and skips of steps >= `step` made since the `attempt`-th rollback (a resumed

@@ -65,6 +65,7 @@ def resume(config, run, group, manager, transport, sink, colocation, guard) -> i
     guard replays the records kept, and a remedy of earlier rollbacks holds again."""
     done = run.latest_checkpoint()
     guard.rollbacks = run.rollback_count()
+    run.record_resume(done or 0, guard.rollbacks)
     if guard.rollbacks:
         group.set_lr_scale(lr_scale(config.health.lr_factor, guard.rollbacks))
     if done is None:
@@ -204,6 +205,11 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
     from slime_search.metrics import PhaseClock
     from slime_search.rollout.schedule import create_schedule
 
+    if start == 0 and config.health.enabled and config.save_interval and run.latest_checkpoint() is None:
+        # the weights the run starts from: the rollback target of a run that goes wrong before a later checkpoint
+        # could prove healthy (at lr 1e-2 the miniature broke at its first update)
+        colocation.for_weight_push()
+        save(run, group, manager, 0, config.keep_checkpoints)
     rollouts = create_schedule(remedied_schedule(config.schedule, guard.rollbacks), manager)
     rollouts.start(start)
     step = start

@@ -56,7 +56,8 @@ def test_a_resume_forgets_the_warnings_it_will_redo_and_keeps_the_rollbacks(tmp_
     events = [
         {"step": 3, "action": "warn", "attempt": 0},
         {"step": 6, "action": "warn", "attempt": 0},  # the timeline a rollback abandoned: history, kept
-        {"step": 6, "action": "rollback", "attempt": 0},
+        {"step": 6, "action": "rollback", "attempt": 0},  # the decision
+        {"step": 6, "action": "rollback", "attempt": 0, "values": {"to_step": 4}},  # done
         {"step": 5, "action": "warn", "attempt": 1},  # after the checkpoint of step 4, in the current attempt: redone
         {"step": 5, "action": "stop", "attempt": 1},
     ]

@@ -8,7 +8,7 @@ vectorised over sequences of unequal length.
 from slime_search.algo.advantages import expand_to_tokens, grpo_advantages
 from slime_search.algo.importance import ISConfig, ISResult, compute_is_weights, is_batch_stats, vanilla_tis_weights
 from slime_search.algo.kl import KL_ESTIMATORS, entropy_from_logits, kl_estimate
-from slime_search.algo.policy_loss import policy_loss
+from slime_search.algo.policy_loss import likelihood_preservation, policy_loss
 from slime_search.algo.reductions import (
     REDUCTIONS,
     masked_mean,
@@ -30,6 +30,7 @@ __all__ = [
     "grpo_advantages",
     "is_batch_stats",
     "kl_estimate",
+    "likelihood_preservation",
     "masked_mean",
     "masked_sum",
     "policy_loss",

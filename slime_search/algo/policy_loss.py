@@ -59,3 +59,22 @@ def policy_loss(
         dual_active = (negative & (loss > bound)).to(loss.dtype)
         loss = torch.where(negative, torch.minimum(loss, bound), loss)
     return PolicyLossOutput(loss, clip_active.detach(), dual_active.detach(), ratio.detach())
+
+
+def likelihood_preservation(
+    log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor, lengths: list[int] | torch.Tensor
+) -> torch.Tensor:
+    """Per-token penalty of a likelihood-preserving regulariser in the manner of LLDS (arXiv 2512.04220): it acts only
+    on a response whose likelihood fell below the old policy's (the masked sum of logp - logp_old < 0), and within it
+    only on the tokens whose log-prob fell, by how much it fell:
+
+        penalty_t = max(0, logp_old_t - logp_t) * 1[sum_t m_t (logp_t - logp_old_t) < 0]
+
+    Added to the loss with a coefficient, its gradient raises exactly the tokens that lost likelihood, and nothing
+    while a response's likelihood holds. At the first optimizer step of a rollout the policy is the old one and the
+    penalty is 0; it acts from the second step on (a --global-batch-size below the rollout's size)."""
+    from slime_search.algo.reductions import per_sequence_sums, segment_ids
+
+    drop = old_log_probs - log_probs
+    fell = per_sequence_sums(drop.detach(), mask, lengths) > 0
+    return torch.clamp(drop, min=0.0) * fell[segment_ids(lengths, device=drop.device)].to(drop.dtype)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,8 +74,24 @@ class EngineNotReady(RuntimeError):
     """The engine cannot generate now: its weights are released, or resumed but not yet all updated."""
 
 
+@dataclass(frozen=True)
+class InjectedFaults:
+    """Faults the CPU engine can be told to have, for measuring what a run does about them (the health benchmarks):
+    a slow decoder (so weight pushes interrupt trajectories), and an engine that acknowledges weight updates after a
+    version but keeps serving the weights it had (a stale engine, which only the trainer-engine log-prob gap shows)."""
+
+    decode_delay_s: float = 0.0  # added to every decode step
+    freeze_weights_after: int | None = None  # updates from disk to a later (numeric) version change the version only
+
+
 class CpuEngine:
-    def __init__(self, model_path: str | Path, seed: int = 0, weight_version: str = "default"):
+    def __init__(
+        self,
+        model_path: str | Path,
+        seed: int = 0,
+        weight_version: str = "default",
+        faults: InjectedFaults = InjectedFaults(),  # noqa: B008 - a frozen dataclass
+    ):
         from transformers import AutoTokenizer
 
         self.model_path = str(model_path)
@@ -90,6 +107,7 @@ class CpuEngine:
         self._lock = threading.Lock()
         self.released: set[str] = set()  # memory tags given back (SGLang's release_memory_occupation)
         self.stale: set[str] = set()  # weights resumed but not updated since (their values are undefined)
+        self.faults = faults
 
     @staticmethod
     def _load_model(path: str):
@@ -177,6 +195,9 @@ class CpuEngine:
         """Load new weights (HF safetensors dir) of the same architecture; call between generations only."""
         if "weights" in self.released:
             raise ValueError("weights are released: POST /resume_memory_occupation first")
+        if self._frozen(weight_version):
+            self.weight_version = weight_version
+            return self.weight_version
         new = self._load_model(model_path)
         if new.config.to_dict() | {"_name_or_path": ""} != self.model.config.to_dict() | {"_name_or_path": ""}:
             differing = sorted(k for k, v in new.config.to_dict().items() if self.model.config.to_dict().get(k) != v)
@@ -211,6 +232,11 @@ class CpuEngine:
         if weight_version is not None:
             self.weight_version = weight_version
         return self.weight_version
+
+    def _frozen(self, version: str | None) -> bool:
+        """Whether an update to `version` is one the injected stale-engine fault ignores."""
+        after = self.faults.freeze_weights_after
+        return after is not None and version is not None and str(version).isdigit() and int(version) > after
 
     # ---- generation ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -263,6 +289,8 @@ class CpuEngine:
                 break
             attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long)], dim=1)
             positions = positions[:, -1:] + 1
+            if self.faults.decode_delay_s:
+                time.sleep(self.faults.decode_delay_s)
             out = self.model(
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=attention,

@@ -486,6 +486,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weight-version", default="default", help="the version served before any update (SGLang's)")
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    faults = parser.add_argument_group("injected faults (for measuring what a training run does about them)")
+    faults.add_argument(
+        "--decode-delay-ms", type=float, default=0.0, help="sleep this long in every decode step (a slow engine)"
+    )
+    faults.add_argument(
+        "--freeze-weights-after",
+        type=int,
+        default=None,
+        help="acknowledge weight updates from disk to a later version without loading them (a stale engine)",
+    )
     return parser.parse_args(argv)
 
 
@@ -495,13 +505,14 @@ def main(argv=None) -> int:
     import torch
     import uvicorn
 
-    from slime_search.engines.cpu_engine import CpuEngine
+    from slime_search.engines.cpu_engine import CpuEngine, InjectedFaults
     from slime_search.utils.net import listen_socket
 
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     try:
-        engine = CpuEngine(args.model_path, seed=args.seed, weight_version=args.weight_version)
+        faults = InjectedFaults(args.decode_delay_ms / 1000.0, args.freeze_weights_after)
+        engine = CpuEngine(args.model_path, seed=args.seed, weight_version=args.weight_version, faults=faults)
     except OSError as err:
         print(f"error: cannot load a model from {args.model_path}: {err}", file=sys.stderr)
         return 2

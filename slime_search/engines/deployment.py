@@ -30,6 +30,7 @@ class EngineConfig:
     memory_saver: bool = False  # colocated: SGLang's memory saver, so the engines can hand memory to the trainer
     cpu_engines: int = 1  # CPU engine servers on a CPU machine (--cpu-engines)
     cpu_max_batch_size: int = 32  # CPU engine: sequences decoded together
+    cpu_engine_args: tuple[str, ...] = ()  # more arguments of every CPU engine server (injected faults)
     seed: int = 1234
     health_timeout_s: float = 60.0  # an engine that does not generate one token in this time is down
 
@@ -124,7 +125,8 @@ class Engines:
 def cpu_engine_command(config: EngineConfig, port: int, index: int) -> list[str]:
     command = ["-m", "slime_search.engines.cpu_engine_server", "--model-path", config.model_path, "--port", str(port)]
     seed = config.seed + index  # engines draw different samples for the same prompt
-    return command + ["--max-batch-size", str(config.cpu_max_batch_size), "--seed", str(seed), "--weight-version", "0"]
+    command += ["--max-batch-size", str(config.cpu_max_batch_size), "--seed", str(seed), "--weight-version", "0"]
+    return command + list(config.cpu_engine_args)
 
 
 def start_cpu_engines(config: EngineConfig, log_dir: Path) -> Engines:

@@ -29,8 +29,10 @@ class HealthConfig:
     max_is_capped_share: float = 0.2  # share of tokens whose importance weight the cap truncates
     length_blowup: float = 2.5  # x the starting p90 response length
     truncation_rise: float = 0.3  # the share of samples that hit a length budget, above its starting value
+    min_positive_shift: float = -0.5  # the log-prob change of rewarded tokens after an update, per token
     patience: int = 3
     # ---- rollbacks: reward drops, or a warning that persists -------------------------------------------------------
+    max_update_kl: float = 1.0  # KL(old || new) per token of one step: beyond it the update broke the policy
     reward_drop: float = 0.3  # the training reward's window mean below its best by more than this
     eval_drop: float = 0.2  # a held-out metric below its best by more than this
     confirm_steps: int = 3  # a checkpoint is a rollback target once this many steps after it were clean
@@ -114,6 +116,20 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         help="warn when the share of a rollout's samples that hit a length budget rises this far above its start",
     )
     g.add_argument(
+        "--health-min-positive-shift",
+        type=float,
+        default=-0.5,
+        help="warn when the tokens of rewarded responses lose more log-prob than this per token in an update "
+        "(likelihood displacement: the policy drifts off what it was rewarded for)",
+    )
+    g.add_argument(
+        "--health-max-update-kl",
+        type=positive_float,
+        default=1.0,
+        help="roll back at once when one step moved the policy more than this KL(old || new) per token on the tokens "
+        "it trained on",
+    )
+    g.add_argument(
         "--health-patience",
         type=positive_int,
         default=3,
@@ -167,6 +183,8 @@ def health_config(args: argparse.Namespace) -> HealthConfig:
         max_is_capped_share=args.health_max_is_capped_share,
         length_blowup=args.health_length_blowup,
         truncation_rise=args.health_truncation_rise,
+        min_positive_shift=args.health_min_positive_shift,
+        max_update_kl=args.health_max_update_kl,
         patience=args.health_patience,
         reward_drop=args.health_reward_drop,
         eval_drop=args.health_eval_drop,

@@ -28,7 +28,7 @@ from typing import Any
 from slime_search.health.config import HealthConfig
 
 ACTIONS = ("warn", "refuse", "skip", "rollback", "stop")
-BASELINE_STEPS = 3  # the starting value of a signal is its median over the first steps of the run
+MIN_NORMS = 3  # applied steps before a gradient-norm spike can be judged
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class HealthGuard:
     # ---- the update ---------------------------------------------------------------------------------------------
     def skip_above(self) -> float | None:
         """The gradient norm above which an update is refused: --health-grad-spike x the median of the recent applied
-        steps' (None until there are BASELINE_STEPS of them, or with the guard off)."""
+        steps' (None until there are MIN_NORMS of them, or with the guard off)."""
         if not self.config.enabled:
             return None
         norms = [
@@ -136,7 +136,7 @@ class HealthGuard:
             for r in self._history[-self.config.window :]
             if _num(r, "train/grad_norm") is not None and (_num(r, "train/steps_applied") or 0.0) > 0
         ]
-        if len(norms) < BASELINE_STEPS:
+        if len(norms) < MIN_NORMS:
             return None
         return self.config.grad_spike * statistics.median(norms)
 
@@ -149,6 +149,7 @@ class HealthGuard:
             warnings = self._warnings(step, metrics)
             events += warnings
             events += self._escalations(step, {event.rule for event in warnings})
+            events += self._policy_jump(step, metrics)
             events += self._reward_drop(step, metrics)
         self._observe(step, metrics, events)
         return events
@@ -234,6 +235,14 @@ class HealthGuard:
                 value=length,
                 start=start,
             )
+        shift = _num(metrics, "train/logp_shift_pos")
+        if shift is not None and shift < c.min_positive_shift:
+            warn(
+                "likelihood_displacement",
+                f"rewarded tokens lost {-shift:.3g} nats each in the update "
+                f"(--health-min-positive-shift {c.min_positive_shift})",
+                value=shift,
+            )
         truncated, start = _num(metrics, "rollout/truncation_rate"), self._baseline("rollout/truncation_rate")
         if truncated is not None and start is not None and truncated - start > c.truncation_rise:
             warn(
@@ -260,6 +269,18 @@ class HealthGuard:
         since = step - streaks[lasting[0]] + 1
         return [Event(step, "rollback", lasting[0], message, {"since": float(since)})]
 
+    def _policy_jump(self, step: int, metrics: dict[str, Any]) -> list[Event]:
+        """One update that moved the policy this far on what it trained on broke it (at lr 1e-2 the miniature's first
+        step moved it 4.6 nats a token and it never answered again): no need to wait for the reward to show it."""
+        kl = _num(metrics, "train/kl_old_new")
+        if kl is None or kl <= self.config.max_update_kl:
+            return []
+        message = (
+            f"step {step}: the update moved the policy KL {kl:.3g} per token (> --health-max-update-kl "
+            f"{self.config.max_update_kl})"
+        )
+        return [Event(step, "rollback", "policy_jump", message, {"value": kl, "since": float(step)})]
+
     @property
     def reward_window(self) -> int:
         return max(1, self.config.window // 2)
@@ -285,8 +306,7 @@ class HealthGuard:
         return [Event(step, "rollback", "reward_drop", message, {"value": now, "best": best, "since": best_since})]
 
     def _baseline(self, key: str) -> float | None:
-        values = [r[key] for r in self._history if _num(r, key) is not None][:BASELINE_STEPS]
-        return statistics.median(values) if len(values) == BASELINE_STEPS else None
+        return starting_value(self._history, key)
 
     def _observe(self, step: int, metrics: dict[str, Any], events: list[Event]) -> None:
         warned = {e.rule for e in events if e.action == "warn"}
@@ -305,6 +325,8 @@ class HealthGuard:
         that produced it and the --health-confirm-steps steps after it raised nothing."""
         last = self._history[-1]["step"] if self._history else -1
         for k in sorted(checkpoints, reverse=True):
+            if k == 0 and before >= 0:
+                return 0  # the weights the run started from: the user's choice, trusted without confirmation
             if k > before or k + self.config.confirm_steps - 1 > last:
                 continue
             if not any(s in self._troubled for s in range(max(0, k - 1), k + self.config.confirm_steps)):
@@ -334,6 +356,12 @@ class HealthGuard:
                 self.review(record["step"], record)
             elif self.eval_key in record:
                 self.review_eval(record["step"], record)
+
+
+def starting_value(records: list[dict[str, Any]], key: str) -> float | None:
+    """A signal's value at the run's first step: measured on the rollouts of the policy the run started from, before
+    any update. (A median over the first steps would take in a collapse that begins at the first update.)"""
+    return next((float(r[key]) for r in records if "time/step_s" in r and _num(r, key) is not None), None)
 
 
 def no_sample_cause(metrics: dict[str, Any], errors: dict[str, str]) -> str:

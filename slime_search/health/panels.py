@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slime_search.health.guard import MIN_NORMS, starting_value
+
 MAX_POINTS = 500  # points of a drawn curve: more are averaged in buckets
-BASELINE_STEPS = 3  # the guard's starting value of a signal: the median of its first steps
 MARKERS_UP_TO = 60  # points of a curve drawn with a marker on each
 # curve colours: orange marks the rollbacks and red the guard's bounds, refusals and the stop
 COLORS = ("C0", "C2", "C4", "C5", "C6", "C8", "C9", "C7")
@@ -62,12 +63,6 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[flo
     points = [(r["step"], number(r, key)) for r in records]
     points = [(step, value) for step, value in points if value is not None]
     return [p[0] for p in points], [p[1] for p in points]
-
-
-def starting_value(records: list[dict[str, Any]], key: str) -> float | None:
-    """The guard's starting value of a signal: the median of its first BASELINE_STEPS values (None before them)."""
-    values = series(records, key)[1][:BASELINE_STEPS]
-    return statistics.median(values) if len(values) == BASELINE_STEPS else None
 
 
 # ---- the guard's bounds ------------------------------------------------------------------------------------------
@@ -116,13 +111,13 @@ def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def refusal_bound(records: list[dict[str, Any]], spike: float, window: int) -> tuple[list[int], list[float]]:
     """The gradient norm above which the guard refused each step's update: `spike` x the median of the applied norms
-    among the `window` step records before it, once there are BASELINE_STEPS of them (HealthGuard.skip_above)."""
+    among the `window` step records before it, once there are MIN_NORMS of them (HealthGuard.skip_above)."""
     history = step_records(records)
     steps, values = [], []
     for index, record in enumerate(history):
         recent = history[max(0, index - window) : index]
         norms = [r["train/grad_norm"] for r in recent if number(r, "train/grad_norm") is not None and applied(r)]
-        if len(norms) >= BASELINE_STEPS:
+        if len(norms) >= MIN_NORMS:
             steps.append(record["step"])
             values.append(spike * statistics.median(norms))
     return steps, values

@@ -6,7 +6,8 @@ should see when there are too many to list.
     rolled back N times; last at step k: RULE: MESSAGE
     stopped at step k: MESSAGE
 
-The most severe situation wins: a stop over rollbacks, rollbacks over warnings.
+The most severe situation wins: a stop over rollbacks, rollbacks over warnings. A stop the run was resumed after (a
+"resume" event follows it) no longer ends it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 MAX_MESSAGE = 300  # characters of one event's message in the verdict: the line stays one line on a terminal
-LASTING = ("rollback", "stop")  # events that changed the run's course: always listed
+LASTING = ("rollback", "stop", "resume")  # events that changed the run's course: always listed
 
 
 def shorten(message: str, limit: int = MAX_MESSAGE) -> str:
@@ -31,10 +32,20 @@ def completed_rollbacks(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return done or rollbacks
 
 
+def final_stop(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The stop that ended the run, unless the run was resumed after it (a "resume" event follows it)."""
+    for event in reversed(events):
+        if event.get("action") == "resume":
+            return None
+        if event.get("action") == "stop":
+            return event
+    return None
+
+
 def level(events: list[dict[str, Any]]) -> str:
     """healthy | warned | rolled_back | stopped: the most severe situation of the run."""
-    actions = {e.get("action") for e in events}
-    if "stop" in actions:
+    actions = {e.get("action") for e in events if e.get("action") not in ("stop", "resume")}
+    if final_stop(events) is not None:
         return "stopped"
     if "rollback" in actions:
         return "rolled_back"
@@ -47,13 +58,16 @@ def verdict(events: list[dict[str, Any]]) -> str:
     if situation == "healthy":
         return "healthy"
     if situation == "stopped":
-        stop = next(e for e in events if e.get("action") == "stop")
+        stop = final_stop(events)
         return f"stopped at step {stop['step']}: {shorten(stop['message'])}"
     if situation == "rolled_back":
         rollbacks = completed_rollbacks(events)
         last = rollbacks[-1]
         times = "1 time" if len(rollbacks) == 1 else f"{len(rollbacks)} times"
         return f"rolled back {times}; last at step {last['step']}: {last['rule']}: {shorten(last['message'])}"
+    events = [e for e in events if e.get("action") not in ("stop", "resume")]  # a stop the run was resumed after
+    if not events:
+        return "healthy"
     first = events[0]
     counts = {action: sum(e.get("action") == action for e in events) for action in ("warn", "refuse", "skip")}
     return (

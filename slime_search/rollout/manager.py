@@ -23,7 +23,7 @@ from slime_search.engines.deployment import EngineConfig
 from slime_search.plugins import Plugins
 from slime_search.rollout.data_source import DataConfig, DataSource
 from slime_search.rollout.rollout import RolloutConfig
-from slime_search.rollout.sample_metrics import check_engines_served, rollout_metrics, sample_record, staleness_metrics
+from slime_search.rollout.sample_metrics import mask_stale_tokens, rollout_metrics, sample_record, staleness_metrics
 from slime_search.rollout.stream import ActivityClock, RolloutStream, StreamConfig
 from slime_search.types import Sample, TrainSample
 from slime_search.utils.actor_logging import log_to_run_folder
@@ -154,40 +154,43 @@ class RolloutManager:
         config = self.config.rollout
         groups, metrics = self._run(self.source, config, self.config.sampling_params, self.clock)
         everything = [s for g in groups for s in g]
-        check_engines_served(everything)
         metrics.update(rollout_metrics(everything))
         metrics.update(idle_metric(self.clock))
         return train_batch(groups, config, metrics, examples)
 
     # ---- asynchronous training: a stream of groups ---------------------------------------------------------------
-    def start_stream(self, max_staleness: int, policy_version: int) -> None:
+    def start_stream(self, max_staleness: int, policy_version: int, batch_order: str = "completion") -> None:
         """Generate groups continuously from now on, `max_staleness` versions ahead of the trainer at most."""
         self.stream = RolloutStream(
             self.plugins,
             self.plugin_args,
             self.source,
-            StreamConfig(self.config.rollout, max_staleness),
+            StreamConfig(self.config.rollout, max_staleness, batch_order),
             self.config.sampling_params,
             policy_version,
             self.clock,
         )
         self.stream.start()
 
-    def next_batch(self, trainer_version: int, examples: int = 0):
+    def next_batch(self, trainer_version: int, examples: int = 0, max_token_lag: int | None = None):
         """The next batch of complete groups, as `generate` answers, with how stale it is for the policy at
-        `trainer_version` (the version the actor trains it with)."""
+        `trainer_version` (the version the actor trains it with); tokens more than `max_token_lag` versions old
+        leave the loss."""
         from slime_search.rollout.rollout import batch_metrics
 
         config = self.config.rollout
         groups = self.stream.take_batch()
         everything = [s for g in groups for s in g]
-        check_engines_served(everything)
         metrics = batch_metrics(groups, 0, config.reward_key)
         metrics.update(rollout_metrics(everything, single_version=False))
         metrics.update(staleness_metrics(everything, trainer_version))
         metrics.update(self.stream.counts())
         metrics.update(idle_metric(self.clock))
-        return train_batch(groups, config, metrics, examples)
+        batch = train_batch(groups, config, metrics, examples)
+        if max_token_lag is not None:
+            masked = mask_stale_tokens(batch.samples, trainer_version, max_token_lag)
+            batch.metrics["async/tokens_masked_stale"] = float(masked)
+        return batch
 
     def stop_stream(self) -> None:
         """No more batches are needed: what is in flight is cancelled (the final evaluation runs alone)."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from slime_search.metrics import percentile
 from slime_search.rollout.rollout import reward_value
-from slime_search.types import Sample
+from slime_search.types import Sample, TrainSample
 
 
 def sample_record(sample: Sample, reward_key: str) -> dict[str, Any]:
@@ -64,13 +64,6 @@ def rollout_metrics(samples: list[Sample], single_version: bool = True) -> dict[
     return out
 
 
-def check_engines_served(samples: list[Sample]) -> None:
-    """An engine fault costs the trajectories it hit; when it hit every one, no engine is left and the step fails."""
-    lost = [s for s in samples if s.metadata.get("finish_reason") == "engine_error"]
-    if samples and len(lost) == len(samples):
-        raise RuntimeError(f"no engine answered: all {len(samples)} trajectories failed ({lost[0].metadata['error']})")
-
-
 def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:
     """How far behind the policy being trained (`trainer_version`) the batch was generated. A token's lag is the
     trainer's version minus the version that generated it; a trajectory's is its oldest token's. Fractions per lag
@@ -98,3 +91,21 @@ def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, 
     out["async/staleness_tokens_mean"] = sum(lag * count for lag, count in token_lags.items()) / tokens
     out["async/staleness_max"] = float(max(token_lags))
     return out
+
+
+def mask_stale_tokens(samples: list[TrainSample], trainer_version: int, max_lag: int) -> int:
+    """Take generated tokens more than `max_lag` versions older than the trainer's out of the loss; returns how many.
+
+    Admission bounds the version a trajectory starts on, not how long it lives: a trajectory that runs through several
+    pushes carries tokens as old as its start. Rather than regenerate it (which starves exactly the long, many-search
+    trajectories) its too-old tokens stay in its context, as the engine generated them, and leave the loss; its newer
+    tokens train as usual. A sample left with no loss token still counts in the batch's sequence count, as a fully
+    masked response does."""
+    masked = 0
+    for sample in samples:
+        versions = sample.token_versions or []
+        for i, version in enumerate(versions):
+            if sample.loss_mask[i] and version >= 0 and trainer_version - version > max_lag:
+                sample.loss_mask[i] = 0
+                masked += 1
+    return masked

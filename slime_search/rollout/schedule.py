@@ -19,14 +19,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 ASYNC_MODES = ("off", "one-step", "fully")
+BATCH_ORDERS = ("completion", "admission")
 
 
 @dataclass(frozen=True)
 class ScheduleConfig:
     mode: str = "off"
     max_staleness: int = 2  # fully: how many versions a group may start behind the trainer's
+    max_token_lag: int | None = None  # fully: older tokens (trainer version - token version) leave the loss
+    batch_order: str = "completion"  # fully: a batch is the groups that finished first, or the first admitted
 
     def __post_init__(self) -> None:
+        if self.batch_order not in BATCH_ORDERS:
+            raise ValueError(f"unknown batch order {self.batch_order!r}; valid: {', '.join(BATCH_ORDERS)}")
+        if self.max_token_lag is not None and self.max_token_lag < 0:
+            raise ValueError(f"--max-token-lag must be >= 0, got {self.max_token_lag}")
         if self.mode not in ASYNC_MODES:
             raise ValueError(f"unknown --async-mode {self.mode!r}; valid: {', '.join(ASYNC_MODES)}")
         if self.max_staleness < 1:
@@ -68,12 +75,13 @@ class OneStepOff(Synchronous):
     def start(self, policy_version: int) -> None:
         import ray
 
-        ray.get(self.manager.start_stream.remote(self.config.staleness, policy_version))
+        ray.get(self.manager.start_stream.remote(self.config.staleness, policy_version, self.config.batch_order))
 
     def next_batch(self, step: int, examples: int):
         from slime_search.ray.placement import wait_with_progress
 
-        return wait_with_progress(self.manager, self.manager.next_batch.remote(step, examples), f"batch {step}")
+        call = self.manager.next_batch.remote(step, examples, self.config.max_token_lag)
+        return wait_with_progress(self.manager, call, f"batch {step}")
 
     @contextmanager
     def weight_push(self):

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 class StreamConfig:
     rollout: RolloutConfig  # batch_size groups per batch, n samples each, samples in flight, the zero-std filter
     max_staleness: int = 1
+    batch_order: str = "completion"  # or "admission": the first admitted groups, whenever they finish
 
     def __post_init__(self) -> None:
         if self.max_staleness < 1:
@@ -130,18 +131,29 @@ class RolloutStream:
         self._poke()
 
     def take_batch(self, timeout_s: float | None = None) -> list[list[Sample]]:
-        """The next `batch_size` complete groups (blocks until they are ready)."""
+        """The next `batch_size` complete groups (blocks until they are ready): the first to finish, or with batch
+        order "admission" the first admitted, so that a batch is not biased towards what finishes fast (short
+        trajectories, few searches) at the cost of waiting for the slow ones."""
         size = self.config.rollout.batch_size
         with self._lock:
-            if not self._lock.wait_for(lambda: len(self._ready) >= size or self._error is not None, timeout_s):
+            if not self._lock.wait_for(lambda: self._next_batch(size) or self._error is not None, timeout_s):
                 raise TimeoutError(f"no batch of {size} groups within {timeout_s} s")
             if self._error is not None:
                 raise RuntimeError("the rollout stream failed") from self._error
-            numbers, self._ready = self._ready[:size], self._ready[size:]
+            numbers = self._next_batch(size)
+            self._ready = [n for n in self._ready if n not in numbers]
             groups = [self._groups.pop(n) for n in numbers]
             self._taken_batches += 1
         self._poke()
         return [group.samples for group in groups]
+
+    def _next_batch(self, size: int) -> list[int]:
+        """The numbers of the groups the next batch takes, once they are all complete ([] before)."""
+        if self.config.batch_order == "admission":
+            first = sorted(self._groups)[:size]  # dropped groups have left: the next admitted ones take their place
+            complete = len(first) == size and all(self._groups[n].samples is not None for n in first)
+            return first if complete else []
+        return self._ready[:size] if len(self._ready) >= size else []
 
     def drain(self, timeout_s: float | None = None) -> None:
         """Wait until no group is being generated (admission is closed by then in one-step mode)."""

@@ -117,3 +117,21 @@ def test_policy_ratio_is_bounded_so_an_extreme_masked_token_cannot_poison_the_st
     assert log_probs.grad[0] == 0
     # inside the bound nothing changed: token 1 (ratio e^0.1 = 1.105, A = +1, not clipped) has d/dlogp = -ratio / 1
     assert log_probs.grad[1].item() == pytest.approx(-math.exp(0.1), rel=1e-6)
+
+
+def test_likelihood_preservation_acts_only_on_responses_whose_likelihood_fell():
+    from slime_search.algo import likelihood_preservation
+
+    # response 1 (3 tokens, the middle one masked): logp - old = +0.2, (-5 masked), -0.5 -> masked sum -0.3 < 0: it
+    # fell; its token 3 fell by 0.5 (penalised), token 1 rose (0), the masked token is left to the mask.
+    # response 2 (2 tokens): +0.4, -0.1 -> sum +0.3: its likelihood held, no penalty although token 2 fell.
+    old = torch.tensor([-1.0, -1.0, -1.0, -2.0, -2.0])
+    new = torch.tensor([-0.8, -6.0, -1.5, -1.6, -2.1], requires_grad=True)
+    mask = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0])
+    penalty = likelihood_preservation(new, old, mask, [3, 2])
+    torch.testing.assert_close(penalty.detach(), torch.tensor([0.0, 5.0, 0.5, 0.0, 0.0]))
+    token_mean(penalty, mask).backward()
+    # d/dlogp of max(0, old - logp) / 4 tokens = -1/4 on the penalised unmasked token, 0 elsewhere
+    torch.testing.assert_close(new.grad, torch.tensor([0.0, 0.0, -0.25, 0.0, 0.0]))
+    # at the old policy itself (the first step of a rollout) there is nothing to preserve
+    assert likelihood_preservation(old, old, mask, [3, 2]).abs().sum() == 0

@@ -278,3 +278,19 @@ def test_health_metrics_of_the_loss_split_clipping_and_truncation():
     trained = torch.tensor([1.0, 0, 0, 1, 1, 1])
     assert metrics["entropy"].item() == pytest.approx(((token_entropy * trained).sum() / 4).item(), rel=1e-5)
     assert metrics["nonfinite_log_probs"].item() == 0
+
+
+def test_the_likelihood_preserving_term_enters_the_loss_only_when_asked():
+    samples, packed, logits = make_batch()
+    rows, targets = response_logits_and_targets(logits.detach(), packed)
+    lp = torch.log_softmax(rows, -1).gather(-1, targets[:, None]).squeeze(-1)
+    old = lp.clone()
+    old[:4] += 0.3  # sample 1 lost 0.3 nats a token since the old policy; sample 2 gained 0.1
+    old[4:] -= 0.1
+    samples[0].old_log_probs, samples[1].old_log_probs = old[:4].tolist(), old[4:].tolist()
+    base, _ = micro_batch_loss(logits, packed, samples, LossConfig(reduction="token_mean"), 4, 2)
+    config = LossConfig(reduction="token_mean", llds_coef=2.0)
+    loss, metrics = micro_batch_loss(logits, packed, samples, config, num_tokens=4, num_sequences=2)
+    # sample 1's two loss tokens fell by 0.3 each: (0.3 + 0.3) / 4 tokens = 0.15; sample 2 rose: nothing
+    assert metrics["llds_penalty"].item() == pytest.approx(0.15, abs=1e-6)
+    assert loss.item() == pytest.approx(base.item() + 2.0 * 0.15, abs=1e-5)

@@ -83,14 +83,11 @@ def test_series_leaves_out_missing_and_non_finite_values():
     assert series(records, "x") == ([0, 3], [1.0, 2.0])
 
 
-def test_the_entropy_bounds_are_multiples_of_the_median_of_its_first_three_values():
-    records = [step(0, **{"train/entropy": 0.8}), step(1, **{"train/entropy": 0.4})]
-    assert starting_value(records, "train/entropy") is None  # two values: no start yet, no bounds
-    assert entropy_bounds(CONFIG, records) == []
-    records.append(step(2, **{"train/entropy": 0.6}))
-    records.append(step(3, **{"train/entropy": 0.05}))
-    bounds = entropy_bounds(CONFIG, records)  # start = median(0.8, 0.4, 0.6) = 0.6
-    assert [b.value for b in bounds] == pytest.approx([0.06, 1.8])
+def test_the_entropy_bounds_are_multiples_of_its_value_at_the_first_step():
+    assert starting_value([], "train/entropy") is None and entropy_bounds(CONFIG, []) == []
+    records = [step(0, **{"train/entropy": 0.8}), step(1, **{"train/entropy": 0.4}), step(2, **{"train/entropy": 0.05})]
+    bounds = entropy_bounds(CONFIG, records)  # start = 0.8, the policy the run started from
+    assert [b.value for b in bounds] == pytest.approx([0.08, 2.4])
 
 
 def test_the_length_bound_uses_the_starting_p90_and_the_truncation_bound_sits_on_the_right_axis():
@@ -99,8 +96,8 @@ def test_the_length_bound_uses_the_starting_p90_and_the_truncation_bound_sits_on
         for n, (p90, rate) in enumerate([(100.0, 0.0), (300.0, 0.2), (200.0, 0.1)])
     ]
     blowup, truncation = length_bounds(CONFIG, records)
-    assert blowup.value == pytest.approx(2.5 * 200.0) and not blowup.right
-    assert truncation.value == pytest.approx(0.1 + 0.3) and truncation.right  # the starting rate + the allowed rise
+    assert blowup.value == pytest.approx(2.5 * 100.0) and not blowup.right
+    assert truncation.value == pytest.approx(0.0 + 0.3) and truncation.right  # the starting rate + the allowed rise
 
 
 def test_the_refusal_bound_is_the_spike_factor_times_the_median_of_recent_applied_norms():
@@ -118,7 +115,7 @@ def test_the_entropy_panel_draws_the_guards_bounds_and_the_rollback_and_stop_mar
     records = [step(n, **{"train/entropy": 1.0 - 0.05 * n}) for n in range(10)]
     fig = draw_panel(plt, panel("health_entropy.png"), records, EVENTS, CONFIG)
     lines = lines_by_label(fig)
-    start = 0.95  # median of 1.0, 0.95, 0.9
+    start = 1.0  # the first step's
     assert lines["collapse (0.1 x start)"].get_ydata()[0] == pytest.approx(0.1 * start)
     assert lines["explosion (3 x start)"].get_ydata()[0] == pytest.approx(3.0 * start)
     assert list(lines["rollback"].get_xdata()) == [6, 6]

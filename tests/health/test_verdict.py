@@ -81,3 +81,15 @@ def test_many_events_keep_the_first_and_last_fifty_and_every_rollback_and_stop()
     assert [r for r in rows if isinstance(r, int)] == [100, 101]  # warnings 50..149, then 150..250
     assert len(listed) + 201 == len(events)
     assert events_shown(events[:80]) == events[:80]
+
+
+def test_a_stop_the_run_was_resumed_after_no_longer_ends_it():
+    from slime_search.health.verdict import verdict
+
+    stop = {"step": 3, "action": "stop", "rule": "reward_errors", "message": "step 3: rewards not usable", "values": {}}
+    resume = {"step": 2, "action": "resume", "rule": "resume", "message": "resumed after step 2", "values": {}}
+    assert verdict([stop]).startswith("stopped at step 3")
+    assert verdict([stop, resume]) == "healthy"
+    warn = {"step": 4, "action": "warn", "rule": "logprob_gap", "message": "step 4: gap", "values": {}}
+    assert verdict([stop, resume, warn]).startswith("warned at step 4: logprob_gap (1 warnings")
+    assert verdict([stop, resume, warn, {**stop, "step": 6}]).startswith("stopped at step 6")

@@ -58,9 +58,11 @@ async def toy_generate(args, sample, params):
     return sample
 
 
-def make_stream(engine, batch_size=2, n=2, staleness=1, filter_zero_std=False, rows=ROWS, generate=toy_generate):
+def make_stream(
+    engine, batch_size=2, n=2, staleness=1, filter_zero_std=False, rows=ROWS, generate=toy_generate, order="completion"
+):
     source = DataSource(DataConfig(path="mem"), rows=rows)
-    config = StreamConfig(RolloutConfig(batch_size, n, filter_zero_std=filter_zero_std), staleness)
+    config = StreamConfig(RolloutConfig(batch_size, n, filter_zero_std=filter_zero_std), staleness, order)
     args = search_r1_args(engine=engine, n=n)  # the reward plugin reads the task's flags
     return RolloutStream(Plugins(generate, reward_func), args, source, config, {}, policy_version=0), source
 
@@ -112,6 +114,37 @@ def test_a_batch_is_complete_groups_in_the_order_they_finish_and_a_slow_group_la
         assert questions(second) == [0, 4]
     finally:
         stream.stop()
+
+
+def test_in_admission_order_a_batch_waits_for_the_first_admitted_groups():
+    """Completion order favours what finishes fast (short trajectories); admission order takes the groups in the order
+    they were admitted, however long they run."""
+    engine = ToyEngine()
+    stream, _ = make_stream(engine, batch_size=2, n=2, staleness=1, order="admission")
+    stream.start()
+    try:
+        engine.gate(2).set()
+        engine.gate(3).set()  # q2 and q3 finish first; q0 and q1, admitted first, are slow
+        wait_until(lambda: stream.counts()["async/groups_ready"] == 2)
+        with pytest.raises(TimeoutError):
+            stream.take_batch(timeout_s=0.2)
+        engine.gate(1).set()
+        engine.gate(0).set()
+        assert questions(stream.take_batch(timeout_s=10)) == [0, 1]
+        assert questions(stream.take_batch(timeout_s=10)) == [2, 3]
+    finally:
+        stream.stop()
+
+
+def test_tokens_older_than_the_bound_leave_the_loss_and_stay_in_the_context():
+    from slime_search.rollout.sample_metrics import mask_stale_tokens
+    from slime_search.types import TrainSample
+
+    # trainer at version 6; tokens of versions 2, 3, 4 (generated), an observation (-1), 5 and 6
+    sample = TrainSample([1, 2, 3, 4, 5, 6, 7, 8], 6, [1, 1, 1, 0, 1, 1], token_versions=[2, 3, 4, -1, 5, 6])
+    assert mask_stale_tokens([sample], trainer_version=6, max_lag=2) == 2  # lags 4 and 3
+    assert sample.loss_mask == [0, 0, 1, 0, 1, 1] and sample.tokens == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert mask_stale_tokens([sample], trainer_version=6, max_lag=2) == 0
 
 
 def test_drain_waits_for_the_groups_in_flight():

@@ -17,6 +17,7 @@ from slime_search.algo import (
     expand_to_tokens,
     is_batch_stats,
     kl_estimate,
+    likelihood_preservation,
     policy_loss,
     reduce_loss,
     vanilla_tis_weights,
@@ -37,6 +38,7 @@ class LossConfig:
     kl_coef: float = 0.0
     kl_loss_type: str = "low_var_kl"
     entropy_coef: float = 0.0
+    llds_coef: float = 0.0  # likelihood preservation (algo.likelihood_preservation)
     reduction: str = "sequence_mean"
     use_tis: bool = False  # vanilla TIS: clamp(exp(old - rollout), 0, tis_cap)
     tis_cap: float = 2.0
@@ -155,6 +157,10 @@ def micro_batch_loss(
     metrics["pg_clipfrac_dual"] = mean(pg.dual_clipped)
     if rollout is not None:  # the mean absolute log-ratio between trainer and engine (TIS's |log w| before the cap)
         metrics["train_rollout_logprob_abs_diff"] = mean((old - rollout).abs())
+    if config.llds_coef:
+        preserve = mean(likelihood_preservation(log_probs, old, mask, lengths))
+        loss = loss + config.llds_coef * preserve
+        metrics["llds_penalty"] = preserve.detach()
     if config.kl_coef:
         ref = _packed([s.ref_log_probs for s in samples], samples, "ref_log_probs", device)
         kl = mean(kl_estimate(log_probs, ref, config.kl_loss_type))

@@ -1,0 +1,9 @@
+"""Reward plugins with faults, for the end-to-end tests of what a run does about them (loaded by dotted path)."""
+
+from slime_search.search_r1.reward import reward_func
+
+
+async def nan_for_sample_3(args, sample, **kwargs):
+    """Search-R1's reward, except NaN for the sample of index 3 of every group of four."""
+    reward = await reward_func(args, sample, **kwargs)
+    return {**reward, "score": float("nan")} if sample.index % 4 == 3 else reward

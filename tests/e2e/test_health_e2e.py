@@ -1,0 +1,104 @@
+"""What a run does about its faults, end to end on CPU (tiny policy, real retriever, CPU engine, Megatron under Ray):
+a reward plugin that returns NaN stops it before anything is trained; an engine that serves stale weights shows as a
+trainer-engine log-prob gap; a rollback goes back to the starting checkpoint with the learning rate halved, a run out of
+rollbacks stops with the rule, the step and the value, and the same command resumes it with the remedy in force."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from local_dense_retriever.launch import RetrievalServerProcess
+from slime_search.health.verdict import verdict
+from tests.conftest import REPO_ROOT
+from tests.e2e.test_train_e2e import prepare_task, tiny_train_command
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def run_training(command, tmp_path, name):
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}  # the Ray actors import the tests' plugins too
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
+    (tmp_path / f"{name}.log").write_text(result.stdout + result.stderr)
+    return result
+
+
+def records(run, kind="time/step_s"):
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if kind in line] if path.exists() else []
+
+
+def events(run):
+    return [json.loads(line) for line in (run / "health.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def task(tmp_path):
+    retriever_args = prepare_task(tmp_path)
+    with RetrievalServerProcess(*retriever_args) as retriever:
+        yield retriever.url
+
+
+def test_a_nan_reward_stops_the_run_before_it_trains(tiny_checkpoint, tmp_path, task):
+    command = tiny_train_command(
+        tiny_checkpoint, tmp_path, task, "--num-rollout", "3", "--n-samples-per-prompt", "4",
+        "--custom-rm-path", "tests.e2e.faulty_plugins.nan_for_sample_3",
+    )  # fmt: skip
+    result = run_training(command, tmp_path, "nan")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "run stopped: step 0: 2 of 8 rewards were not usable" in result.stderr
+    assert "nan_for_sample_3 returned nan for sample 3" in result.stderr
+    run = tmp_path / "run"
+    assert records(run) == [] and not (run / "checkpoints").exists()  # nothing was trained, nothing saved
+    assert verdict(events(run)).startswith("stopped at step 0")
+    # tolerated below a rate, the bad samples leave the loss and the step trains on the rest
+    tolerant = run_training([*command, "--max-reward-error-rate", "0.5", "--num-rollout", "1"], tmp_path, "tolerant")
+    assert tolerant.returncode == 0, tolerant.stderr[-3000:]
+    [step] = records(run)
+    assert step["rollout/reward_errors"] == 2 and step["rollout/trainable"] == 6
+    assert step["train/loss"] == step["train/loss"] and step["train/steps_applied"] == 1  # finite, applied
+
+
+def test_an_engine_serving_stale_weights_shows_as_a_log_prob_gap(tiny_checkpoint, tmp_path, task):
+    command = tiny_train_command(
+        tiny_checkpoint, tmp_path, task, "--num-rollout", "3", "--lr", "1e-2", "--entropy-coef", "0.01",
+        "--cpu-engine-args", "--freeze-weights-after 1", "--health-max-logprob-gap", "1e-3",
+    )  # fmt: skip
+    result = run_training(command, tmp_path, "stale")
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = records(tmp_path / "run")
+    gaps = [s["health/logprob_gap_lag0"] for s in steps]
+    # versions 0 and 1 are the weights the engine says; version 2 is claimed, version 1 served
+    assert gaps[0] < 1e-5 and gaps[1] < 1e-5 and gaps[2] > 1e-3
+    warned = [(e["step"], e["rule"]) for e in events(tmp_path / "run") if e["action"] == "warn"]
+    assert (2, "logprob_gap") in warned and all(step == 2 for step, rule in warned if rule == "logprob_gap")
+
+
+def test_a_rollback_restores_the_start_halves_the_lr_and_a_resume_keeps_the_remedy(tiny_checkpoint, tmp_path, task):
+    run = tmp_path / "run"
+    base = tiny_train_command(
+        tiny_checkpoint, tmp_path, task, "--num-rollout", "2", "--lr", "1e-2", "--entropy-coef", "0.01",
+        "--save-interval", "1", "--max-rollbacks", "1",
+    )  # fmt: skip
+    # every update "moves the policy too far": roll back once, then out of rollbacks: stop
+    result = run_training([*base, "--health-max-update-kl", "1e-12"], tmp_path, "jumpy")
+    assert result.returncode == 1, result.stderr[-3000:]
+    log = events(run)
+    actions = [(e["step"], e["action"], e["rule"]) for e in log]
+    assert actions == [
+        (0, "rollback", "policy_jump"),
+        (0, "rollback", "policy_jump"),  # done: back to the checkpoint of step 0 (the starting weights)
+        (0, "rollback", "policy_jump"),
+        (0, "stop", "policy_jump"),
+    ]
+    assert log[1]["values"]["to_step"] == 0 and log[1]["values"]["lr_scale"] == 0.5
+    assert "no rollback left (--max-rollbacks 1)" in log[3]["message"] and "run stopped" in result.stderr
+    assert [s["train/lr"] for s in records(run)] == [5e-3]  # the step redone after the rollback, at half the lr
+    # the same command, with a bound the updates meet, resumes from the start with the remedy still in force
+    resumed = run_training([*base, "--health-max-update-kl", "100"], tmp_path, "resumed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [(s["step"], s["train/lr"]) for s in records(run)] == [(0, 5e-3), (1, 5e-3)]
+    assert [e["action"] for e in events(run)].count("rollback") == 3  # history kept
+    report = (run / "report" / "index.html").read_text()
+    assert "rolled back 1 time" in report
