@@ -632,6 +632,7 @@ def actor_config(args: argparse.Namespace, vocab_size: int):
             clip_grad=args.clip_grad,
         ),
         max_tokens_per_micro_batch=args.max_tokens_per_gpu,
+        probe_tokens=args.health_probe_tokens,
     )
 
 

@@ -9,7 +9,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from slime_search.utils.flag_types import fraction, non_negative_int, positive_float, positive_int
+from slime_search.utils.flag_types import (
+    fraction,
+    non_negative_int,
+    non_positive_float,
+    positive_float,
+    positive_int,
+)
 
 
 @dataclass(frozen=True)
@@ -23,11 +29,11 @@ class HealthConfig:
     grad_spike: float = 10.0  # x the median gradient norm of the recent applied steps
     # ---- warnings: a rule beyond its bound; `patience` steps in a row escalate to a rollback ----------------------
     window: int = 10  # steps of history for baselines and medians
-    entropy_low: float = 0.1  # x the run's starting entropy: collapse
-    entropy_high: float = 3.0  # x the starting entropy: explosion (gibberish)
+    entropy_low: float = 0.05  # x the entropy at the first step: collapse
+    entropy_high: float = 3.0  # x the entropy at the first step: explosion (gibberish)
     max_logprob_gap: float = 0.1  # mean |trainer - engine| log-prob per token, at any version lag
     max_is_capped_share: float = 0.2  # share of tokens whose importance weight the cap truncates
-    length_blowup: float = 2.5  # x the starting p90 response length
+    length_blowup: float = 2.5  # x the recent median p90 response length
     truncation_rise: float = 0.3  # the share of samples that hit a length budget, above its starting value
     min_positive_shift: float = -0.5  # the log-prob change of rewarded tokens after an update, per token
     patience: int = 3
@@ -78,18 +84,25 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         help="an update whose gradient norm exceeds this many times the median of the recent applied ones is not "
         "applied",
     )
+    g.add_argument(
+        "--health-probe-tokens",
+        type=non_negative_int,
+        default=1024,
+        help="after each update, the log-probs of up to this many of each rank's tokens are computed again: how far "
+        "the update moved the policy (train/kl_old_new, train/logp_shift_pos|neg); 0: not measured",
+    )
     g.add_argument("--health-window", type=positive_int, default=10, help="steps of history for baselines and medians")
     g.add_argument(
         "--health-entropy-low",
         type=positive_float,
-        default=0.1,
-        help="warn when the policy's entropy falls below this times its starting value (collapse)",
+        default=0.05,
+        help="warn when the policy's entropy falls below this times its value at the run's first step (collapse)",
     )
     g.add_argument(
         "--health-entropy-high",
         type=positive_float,
         default=3.0,
-        help="warn when the policy's entropy rises above this times its starting value (explosion)",
+        help="warn when the policy's entropy rises above this times its value at the run's first step (explosion)",
     )
     g.add_argument(
         "--health-max-logprob-gap",
@@ -107,7 +120,7 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-length-blowup",
         type=positive_float,
         default=2.5,
-        help="warn when the p90 response length exceeds this times its starting value",
+        help="warn when the p90 response length exceeds this times its median over the last --health-window steps",
     )
     g.add_argument(
         "--health-truncation-rise",
@@ -117,7 +130,7 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--health-min-positive-shift",
-        type=float,
+        type=non_positive_float,
         default=-0.5,
         help="warn when the tokens of rewarded responses lose more log-prob than this per token in an update "
         "(likelihood displacement: the policy drifts off what it was rewarded for)",

@@ -70,7 +70,7 @@ class HealthGuard:
         self._streaks: dict[str, int] = {}  # warning rule -> consecutive steps it held
         self._skipped_in_a_row = 0
         self._troubled: set[int] = set()  # steps with a warning, a refused update or a skip
-        self._best_eval: tuple[float, int] | None = None  # (value, version)
+        self._evals: list[tuple[int, float]] = []  # (version, held-out metric) of the current timeline
 
     # ---- before training: what the rollout returned ---------------------------------------------------------------
     def check_rollout(self, step: int, metrics: dict[str, Any], errors: dict[str, str]) -> list[Event]:
@@ -155,22 +155,25 @@ class HealthGuard:
         return events
 
     def review_eval(self, version: int, metrics: dict[str, Any]) -> list[Event]:
-        """A held-out evaluation of `version`: a rollback when the reward key's metric fell from its best."""
+        """A held-out evaluation of `version`: a rollback when the reward key's metric fell from its best by more than
+        the margin; the trouble began after the last version still within it."""
         value = _num(metrics, self.eval_key)
         if value is None:
             return []
         events = []
-        if self.config.enabled and self._best_eval is not None:
-            best, best_version = self._best_eval
-            if best - value > self.config.eval_drop:
-                message = (
-                    f"{self.eval_key} {value:.3f} at version {version}, {best - value:.3f} below its best {best:.3f} "
-                    f"(version {best_version}; --health-eval-drop {self.config.eval_drop})"
+        best = max((v for _, v in self._evals), default=None)
+        if self.config.enabled and best is not None and best - value > self.config.eval_drop:
+            last_good = max(ver for ver, v in self._evals if best - v <= self.config.eval_drop)
+            message = (
+                f"{self.eval_key} {value:.3f} at version {version}, {best - value:.3f} below its best {best:.3f} "
+                f"(--health-eval-drop {self.config.eval_drop}); version {last_good} was the last within it"
+            )
+            events.append(
+                Event(
+                    version, "rollback", "eval_drop", message, {"value": value, "best": best, "since": float(last_good)}
                 )
-                values = {"value": value, "best": best, "since": float(best_version)}
-                events.append(Event(version, "rollback", "eval_drop", message, values))
-        if self._best_eval is None or value > self._best_eval[0]:
-            self._best_eval = (value, version)
+            )
+        self._evals.append((version, value))
         return events
 
     def _refusals(self, step: int, metrics: dict[str, Any]) -> list[Event]:
@@ -227,13 +230,13 @@ class HealthGuard:
                 f"{capped:.3f} of tokens beyond the importance-weight cap (> {c.max_is_capped_share})",
                 value=capped,
             )
-        length, start = _num(metrics, "rollout/response_length_p90"), self._baseline("rollout/response_length_p90")
-        if length is not None and start and length > c.length_blowup * start:
+        length, usual = _num(metrics, "rollout/response_length_p90"), self._recent_median("rollout/response_length_p90")
+        if length is not None and usual and length > c.length_blowup * usual:
             warn(
                 "length_blowup",
-                f"p90 response length {length:.0f} > {c.length_blowup} x its start {start:.0f}",
+                f"p90 response length {length:.0f} > {c.length_blowup} x its recent median {usual:.0f}",
                 value=length,
-                start=start,
+                usual=usual,
             )
         shift = _num(metrics, "train/logp_shift_pos")
         if shift is not None and shift < c.min_positive_shift:
@@ -242,6 +245,10 @@ class HealthGuard:
                 f"rewarded tokens lost {-shift:.3g} nats each in the update "
                 f"(--health-min-positive-shift {c.min_positive_shift})",
                 value=shift,
+            )
+        if _num(metrics, "rollout/zero_std_group_share") == 1.0:
+            warn(
+                "no_reward_signal", "no group's rewards differ (a constant reward?): the step learns nothing", value=1.0
             )
         truncated, start = _num(metrics, "rollout/truncation_rate"), self._baseline("rollout/truncation_rate")
         if truncated is not None and start is not None and truncated - start > c.truncation_rise:
@@ -305,6 +312,12 @@ class HealthGuard:
         )
         return [Event(step, "rollback", "reward_drop", message, {"value": now, "best": best, "since": best_since})]
 
+    def _recent_median(self, key: str) -> float | None:
+        """The median of `key` over the last --health-window steps (a batch's length depends on what finished first in
+        asynchronous modes, so a run's first batch is no yardstick for length); None before MIN_NORMS steps."""
+        values = [r[key] for r in self._history[-self.config.window :] if _num(r, key) is not None]
+        return statistics.median(values) if len(values) >= MIN_NORMS else None
+
     def _baseline(self, key: str) -> float | None:
         return starting_value(self._history, key)
 
@@ -343,10 +356,7 @@ class HealthGuard:
         self._history = [r for r in self._history if r["step"] < to_step]
         self._troubled = {s for s in self._troubled if s < to_step}
         self._streaks, self._skipped_in_a_row = {}, 0
-        if self._best_eval is not None and self._best_eval[1] > to_step:
-            self._best_eval = None
-            for record in self._history:
-                self.review_eval(record["step"], {k: v for k, v in record.items() if k == self.eval_key})
+        self._evals = [(version, value) for version, value in self._evals if version < to_step]
 
     def replay(self, records: list[dict[str, Any]], rollbacks: int) -> None:
         """Rebuild the state of a resumed run from the records it kept (in file order) and its rollback count."""

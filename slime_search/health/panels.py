@@ -95,9 +95,8 @@ def fixed_bound(key: str, label: str, right: bool = False) -> Bounds:
 
 
 def length_bounds(config: dict[str, Any], records: list[dict[str, Any]]) -> list[Bound]:
-    start = starting_value(records, "rollout/response_length_p90")
-    blowup = config.get("length_blowup")
-    bounds = [] if start is None or blowup is None else [Bound(blowup * start, f"blow-up ({blowup:g} x start p90)")]
+    """The truncation bound (the length blow-up bound moves with the recent median: `draw_length_bound`)."""
+    bounds = []
     start_truncated, rise = starting_value(records, "rollout/truncation_rate"), config.get("truncation_rise")
     if start_truncated is not None and rise is not None:
         bounds.append(Bound(start_truncated + rise, f"truncation (start + {rise:g})", right=True))
@@ -109,18 +108,37 @@ def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if "time/step_s" in r]
 
 
-def refusal_bound(records: list[dict[str, Any]], spike: float, window: int) -> tuple[list[int], list[float]]:
-    """The gradient norm above which the guard refused each step's update: `spike` x the median of the applied norms
-    among the `window` step records before it, once there are MIN_NORMS of them (HealthGuard.skip_above)."""
+def moving_bound(
+    records: list[dict[str, Any]], key: str, factor: float, window: int, keep: Callable[[dict], bool] = lambda r: True
+) -> tuple[list[int], list[float]]:
+    """`factor` x the median of `key` over the `window` step records before each step (those `keep` accepts), once
+    there are MIN_NORMS of them: the guard's moving bounds."""
     history = step_records(records)
     steps, values = [], []
     for index, record in enumerate(history):
         recent = history[max(0, index - window) : index]
-        norms = [r["train/grad_norm"] for r in recent if number(r, "train/grad_norm") is not None and applied(r)]
-        if len(norms) >= MIN_NORMS:
+        known = [r[key] for r in recent if number(r, key) is not None and keep(r)]
+        if len(known) >= MIN_NORMS:
             steps.append(record["step"])
-            values.append(spike * statistics.median(norms))
+            values.append(factor * statistics.median(known))
     return steps, values
+
+
+def refusal_bound(records: list[dict[str, Any]], spike: float, window: int) -> tuple[list[int], list[float]]:
+    """The gradient norm above which the guard refused each step's update: `spike` x the median of the applied norms
+    among the `window` step records before it (HealthGuard.skip_above)."""
+    return moving_bound(records, "train/grad_norm", spike, window, applied)
+
+
+def draw_length_bound(ax, records: list[dict[str, Any]], config: dict[str, Any] | None) -> None:
+    """The guard's length blow-up bound: --health-length-blowup x the recent median p90."""
+    if not config or config.get("length_blowup") is None or config.get("window") is None:
+        return
+    steps, values = moving_bound(records, "rollout/response_length_p90", config["length_blowup"], config["window"])
+    if steps:
+        shown = downsample(steps, values)
+        label = f"blow-up ({config['length_blowup']:g} x recent median p90)"
+        ax.plot(shown.steps, shown.means, color="tab:red", ls=":", lw=1, label=label)
 
 
 def applied(record: dict[str, Any]) -> bool:
@@ -221,11 +239,17 @@ HEALTH_PANELS = (
             ("train/tis_clipfrac", "TIS cap"),
         ),
     ),
-    Panel("health_kl.png", "KL", (("train/kl_old_new", "old -> new (the update)"), ("train/kl_loss", "to reference"))),
+    Panel(
+        "health_kl.png",
+        "KL",
+        (("train/kl_old_new", "old -> new (the update)"), ("train/kl_loss", "to reference")),
+        bounds=fixed_bound("max_update_kl", "max update KL"),
+    ),
     Panel(
         "health_logp_shift.png",
         "The update's log-prob change per token",
         (("train/logp_shift_pos", "positive advantage"), ("train/logp_shift_neg", "negative advantage")),
+        bounds=fixed_bound("min_positive_shift", "min shift of rewarded tokens"),
     ),
     Panel(
         "health_length.png",
@@ -237,6 +261,7 @@ HEALTH_PANELS = (
         ),
         right=(("rollout/truncation_rate", "truncation rate (right)"),),
         bounds=length_bounds,
+        draw=draw_length_bound,
     ),
     Panel(
         "health_grad_norm.png",

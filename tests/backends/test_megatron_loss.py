@@ -294,3 +294,34 @@ def test_the_likelihood_preserving_term_enters_the_loss_only_when_asked():
     # sample 1's two loss tokens fell by 0.3 each: (0.3 + 0.3) / 4 tokens = 0.15; sample 2 rose: nothing
     assert metrics["llds_penalty"].item() == pytest.approx(0.15, abs=1e-6)
     assert loss.item() == pytest.approx(base.item() + 2.0 * 0.15, abs=1e-5)
+
+
+def test_the_post_update_probe_takes_rewarded_and_penalised_samples_first_within_its_budget():
+    from slime_search.backends.megatron.actor import probe_samples
+
+    def sample(advantage, length=10):
+        return TrainSample([0] * length, 2, [1, 1], advantage, old_log_probs=[-1.0, -1.0])
+
+    zero, up, down, up2 = sample(0.0), sample(1.0), sample(-1.0), sample(0.5)
+    assert probe_samples([zero, up, down, up2], budget=30) == [up, down, up2]
+    assert probe_samples([zero, up, down, up2], budget=35) == [up, down, up2]  # a fourth would pass the budget
+    assert probe_samples([zero], budget=5) == [zero]  # at least one
+    assert probe_samples([up], budget=0) == []
+    assert probe_samples([TrainSample([0, 1], 1, [1], 1.0)], budget=10) == []  # no old log-probs: nothing to compare
+
+
+def test_the_policy_shift_of_an_update_is_k3_kl_and_the_log_prob_change_by_advantage_sign():
+    import math
+
+    from slime_search.backends.megatron.actor import policy_shift_metrics, policy_shift_sums
+
+    up = TrainSample([0, 1, 2, 3], 3, [1, 0, 1], 1.0, old_log_probs=[-1.0, -1.0, -2.0])
+    down = TrainSample([0, 1], 1, [1], -1.0, old_log_probs=[-0.5])
+    # new log-probs: up's loss tokens change by +0.2 and -0.4 (the masked one by +5, ignored); down's by -0.3
+    sums = policy_shift_sums([up, down], [[-0.8, 4.0, -2.4], [-0.8]])
+    out = policy_shift_metrics(sums)
+    k3 = lambda x: math.exp(x) - 1 - x  # noqa: E731
+    assert out["kl_old_new"] == pytest.approx((k3(0.2) + k3(-0.4) + k3(-0.3)) / 3)
+    assert out["logp_shift_pos"] == pytest.approx((0.2 - 0.4) / 2)
+    assert out["logp_shift_neg"] == pytest.approx(-0.3)
+    assert "logp_shift_neg" not in policy_shift_metrics(policy_shift_sums([up], [[-0.8, 4.0, -2.4]]))

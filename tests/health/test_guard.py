@@ -124,9 +124,24 @@ def test_signals_beyond_their_bounds_warn():
         entropy=3.5,
         length=300.0,
         **{"health/logprob_gap_lag2p": 0.4, "health/is_capped_share": 0.3, "rollout/truncation_rate": 0.45},
+        **{"rollout/zero_std_group_share": 1.0, "train/logp_shift_pos": -0.8},
     )
     rules = {e.rule for e in guard.review(3, record)}
-    assert rules == {"entropy_explosion", "length_blowup", "logprob_gap", "is_weight_tail", "truncation"}
+    assert rules == {
+        "entropy_explosion",
+        "length_blowup",
+        "logprob_gap",
+        "is_weight_tail",
+        "truncation",
+        "no_reward_signal",
+        "likelihood_displacement",
+    }
+    # length against the recent median: a policy whose p90 alternates 100 / 200 does not warn
+    alternating = HealthGuard(HealthConfig())
+    lengths = [100.0, 200.0, 100.0, 200.0, 100.0, 200.0, 240.0]
+    assert not any(alternating.review(n, step_record(n, length=p90)) for n, p90 in enumerate(lengths))
+    assert alternating.review(7, step_record(7, length=500.0)) == []  # 2.5 x the recent median 200: not above
+    assert [e.rule for e in alternating.review(8, step_record(8, length=600.0))] == ["length_blowup"]
 
 
 def test_a_reward_drop_rolls_back_to_before_the_best_window():
@@ -145,7 +160,8 @@ def test_a_held_out_drop_rolls_back():
     assert guard.review_eval(5, {"eval/score": 0.9}) == []
     assert guard.review_eval(10, {"eval/score": 0.8}) == []
     [event] = guard.review_eval(15, {"eval/score": 0.6})
-    assert event.action == "rollback" and event.values["since"] == 5
+    # the trouble began after version 10, the last within 0.2 of the best
+    assert event.action == "rollback" and event.values["since"] == 10 and event.values["best"] == 0.9
 
 
 def test_without_the_guard_only_hard_stops_and_skips_remain():

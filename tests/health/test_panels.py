@@ -90,14 +90,17 @@ def test_the_entropy_bounds_are_multiples_of_its_value_at_the_first_step():
     assert [b.value for b in bounds] == pytest.approx([0.08, 2.4])
 
 
-def test_the_length_bound_uses_the_starting_p90_and_the_truncation_bound_sits_on_the_right_axis():
+def test_the_length_bound_moves_with_the_recent_median_and_the_truncation_bound_sits_on_the_right_axis():
+    from slime_search.health.panels import moving_bound
+
     records = [
         step(n, **{"rollout/response_length_p90": p90, "rollout/truncation_rate": rate})
-        for n, (p90, rate) in enumerate([(100.0, 0.0), (300.0, 0.2), (200.0, 0.1)])
+        for n, (p90, rate) in enumerate([(100.0, 0.0), (300.0, 0.2), (200.0, 0.1), (400.0, 0.1)])
     ]
-    blowup, truncation = length_bounds(CONFIG, records)
-    assert blowup.value == pytest.approx(2.5 * 100.0) and not blowup.right
+    [truncation] = length_bounds(CONFIG, records)
     assert truncation.value == pytest.approx(0.0 + 0.3) and truncation.right  # the starting rate + the allowed rise
+    # step 3: 2.5 x the median of the three steps before it (200)
+    assert moving_bound(records, "rollout/response_length_p90", 2.5, 10) == ([3], [500.0])
 
 
 def test_the_refusal_bound_is_the_spike_factor_times_the_median_of_recent_applied_norms():
@@ -151,7 +154,7 @@ def test_only_panels_with_recorded_metrics_are_written(tmp_path):
 def test_the_truncation_bound_is_drawn_only_beside_a_recorded_truncation_rate(plt):
     lengths = [step(n, **{"rollout/response_length_p90": 100.0}) for n in range(4)]
     fig = draw_panel(plt, panel("health_length.png"), lengths, [], CONFIG)
-    assert len(fig.axes) == 1 and set(lines_by_label(fig)) == {"p90", "blow-up (2.5 x start p90)"}
+    assert len(fig.axes) == 1 and set(lines_by_label(fig)) == {"p90", "blow-up (2.5 x recent median p90)"}
     plt.close(fig)
     for record in lengths:
         record["rollout/truncation_rate"] = 0.1

@@ -8,6 +8,7 @@ Megatron DDP and steps the optimizer once.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +34,7 @@ class ActorConfig:
     max_tokens_per_micro_batch: int = 4096
     # After an applied step, the log-probs of about this many of the rank's tokens are computed again under the new
     # weights: how far the step moved the policy on what it trained on (0: not measured).
-    probe_tokens: int = 512
+    probe_tokens: int = 1024
 
 
 # Metrics of a step that every data-parallel rank reports whole (the same value on each rank); all the others are
@@ -90,9 +91,15 @@ def packed_log_probs(model, layout: Layout, samples: list[TrainSample], config: 
 
 
 def probe_samples(samples: list[TrainSample], budget: int) -> list[TrainSample]:
-    """The first samples whose tokens fit `budget` (at least one, when the budget is positive)."""
+    """Samples whose tokens fit `budget`, those with a positive and a negative advantage taken in turn (they are what
+    the update pushed up and down; zero-advantage ones only fill what is left); at least one when the budget is
+    positive."""
+    known = [s for s in samples if s.old_log_probs is not None]
+    positive = [s for s in known if s.advantage > 0]
+    negative = [s for s in known if s.advantage < 0]
+    alternating = [s for pair in itertools.zip_longest(positive, negative) for s in pair if s is not None]
     chosen, used = [], 0
-    for sample in (s for s in samples if s.old_log_probs is not None):
+    for sample in alternating + [s for s in known if s.advantage == 0]:
         if budget <= 0 or (chosen and used + len(sample.tokens) > budget):
             break
         chosen.append(sample)
