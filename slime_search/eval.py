@@ -68,11 +68,12 @@ def evaluate(args: argparse.Namespace, work: Path) -> list:
     after; the --max-samples files written to `work` are removed at the end."""
     import torch
 
-    from slime_search.arguments import engine_config, eval_sets, sampling_params
+    from slime_search.arguments import eval_sets
     from slime_search.engines.deployment import start_engines
     from slime_search.plugins import Plugins
     from slime_search.rollout.data_source import DataConfig
     from slime_search.rollout.manager import evaluation_samples, plugin_args_for, run_rollout
+    from slime_search.run_config import engine_config, sampling_params
 
     sets = tuple((name, limited(path, args.max_samples, work)) for name, path in eval_sets(args))
     try:

@@ -185,10 +185,9 @@ def roll_back(event, config, run, sink, group, manager, transport, colocation, g
     guard.rolled_back(target)
     schedule = remedied_schedule(config.schedule, guard.rollbacks)
     scale = lr_scale(config.health.lr_factor, guard.rollbacks)
-    message = (
-        f"back to the checkpoint of step {target} ({event.rule} at step {event.step}); lr x{scale:g}, "
-        f"--async-mode {schedule.mode} (max staleness {schedule.staleness})"
-    )
+    message = f"back to the checkpoint of step {target} ({event.rule} at step {event.step}); lr x{scale:g}"
+    if schedule.mode != "off":
+        message += f", --async-mode {schedule.mode} (max staleness {schedule.staleness})"
     values = {"to_step": float(target), "lr_scale": scale, "max_staleness": float(schedule.staleness)}
     report([Event(event.step, "rollback", event.rule, message, values)], run, guard)
     restore(run, sink, group, manager, transport, colocation, target)
@@ -210,6 +209,8 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
         # could prove healthy (at lr 1e-2 the miniature broke at its first update)
         colocation.for_weight_push()
         save(run, group, manager, 0, config.keep_checkpoints)
+        if config.colocate and transport is not None:  # colocated engines gave their weights up for the save
+            transport.push("0")
     rollouts = create_schedule(remedied_schedule(config.schedule, guard.rollbacks), manager)
     rollouts.start(start)
     step = start
@@ -288,13 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoConfig
 
-    from slime_search.arguments import check_model_flags, run_config
+    from slime_search.arguments import check_model_flags
     from slime_search.health.guard import HealthGuard, RunStopped
     from slime_search.metrics import MetricsSink
     from slime_search.ray.colocation import Colocation
     from slime_search.ray.placement import create_rollout_manager
     from slime_search.ray.train_group import RayTrainGroup
     from slime_search.report import render_report
+    from slime_search.run_config import run_config
     from slime_search.run_folder import RunFolder
     from slime_search.weight_sync.transports import create_transport
 

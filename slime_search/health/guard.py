@@ -328,7 +328,11 @@ class HealthGuard:
             _num(metrics, "train/steps_applied") == 0.0 and bool(_num(metrics, "train/steps"))
         )
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
-        if skipped or any(e.action in ("warn", "refuse", "skip") for e in events):
+        # a warning that has held since the run's first step is how this run is, not a change: it does not keep a
+        # checkpoint from being confirmed (else a run that truncates from the start could never roll back)
+        first = self._history[0]["step"] if self._history else step
+        changed = [rule for rule in warned if step - self._streaks[rule] + 1 > first]
+        if skipped or changed or any(e.action in ("refuse", "skip") for e in events):
             self._troubled.add(step)
         self._history.append({**metrics, "step": step})
 

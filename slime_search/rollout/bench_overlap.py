@@ -106,10 +106,11 @@ def engine_state(urls: list[str]) -> list[dict]:
 
 def run_mode(mode: str, args, engine_urls: list[str], retriever_url: str, prompts: Path, work: Path) -> dict:
 
-    from slime_search.arguments import parse_args, run_config
+    from slime_search.arguments import parse_args
     from slime_search.metrics import MetricsSink
     from slime_search.ray.colocation import Colocation
     from slime_search.ray.placement import create_rollout_manager, stop_rollout_manager
+    from slime_search.run_config import run_config
     from slime_search.run_folder import RunFolder
     from slime_search.train import run_steps
 

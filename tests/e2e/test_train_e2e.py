@@ -116,7 +116,9 @@ def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_
     assert not (run / "weights" / "step_1").exists()  # only the newest synced copy is kept
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "3"
     kept = sorted(path.name for path in (run / "checkpoints").glob("iter_*"))
-    assert kept == ["iter_0000002", "iter_0000003"]  # --keep-checkpoints 2 (the default) pruned step 1's
+    # --keep-checkpoints 2 (the default) pruned step 1's; the starting weights (checkpoint 0) stay as the health
+    # guard's rollback target until a later checkpoint has had --health-confirm-steps clean steps after it
+    assert kept == ["iter_0000000", "iter_0000002", "iter_0000003"]
     examples = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     assert sorted({(e["kind"], e["step"]) for e in examples}) == [
         ("eval", 0), ("eval", 2), ("eval", 3), ("train", 0), ("train", 1), ("train", 2)

@@ -192,3 +192,13 @@ def test_remedies_lower_the_learning_rate_and_the_staleness():
     assert remedied_schedule(fully, 2) == ScheduleConfig("one-step", 1)
     assert remedied_schedule(ScheduleConfig("off"), 3) == ScheduleConfig("off")
     assert lr_scale(0.5, 0) == 1.0 and lr_scale(0.5, 2) == 0.25
+
+
+def test_a_standing_condition_does_not_keep_checkpoints_from_being_confirmed():
+    guard = HealthGuard(HealthConfig(confirm_steps=2))
+    gap = {"health/logprob_gap_lag0": 0.5}  # from the first step on
+    for step in range(6):
+        guard.review(step, step_record(step, **gap))
+    assert guard.healthy_checkpoint([2, 4], before=6) == 4
+    guard.review(6, step_record(6, entropy=5.0, **gap))  # a new warning: trouble
+    assert guard.protected_checkpoint([2, 4, 6]) == 4

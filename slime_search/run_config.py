@@ -1,0 +1,221 @@
+"""The typed configuration of every component, built once from the parsed flags (`run_config`): the driver hands
+these to the components, which never read the flags themselves. (The plugins still receive the flags as `args`,
+slime's plugin contract.)"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from slime_search.arguments import eval_sets, steps_per_rollout, weight_transport
+from slime_search.health.config import HealthConfig, health_config
+
+
+def model_source(args: argparse.Namespace):
+    """The actor's architecture and weights, and options the flags set beyond what config.json holds."""
+    import torch
+
+    from slime_search.ray.train_group import ModelSource
+
+    overrides = {
+        "sequence_parallel": args.sequence_parallel,
+        "params_dtype": torch.bfloat16 if args.bf16 else torch.float32,
+    }
+    # Given with ${MODEL_ARGS[@]}, they shape the model as they shaped a converted torch_dist checkpoint (the vocab
+    # padding is the embedding's size); left out, config.json's context length and Megatron's padding of 128 apply.
+    for name in ("make_vocab_size_divisible_by", "max_position_embeddings"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    return ModelSource(args.hf_checkpoint, args.load, args.use_kl_loss, args.ref_load, overrides)
+
+
+def importance_weights(args: argparse.Namespace):
+    """LossConfig's (use_tis, mis): vanilla TIS, the general form (--use-mis), or neither."""
+    from slime_search.algo.importance import ISConfig
+
+    if args.use_mis:
+        return False, ISConfig(
+            level=args.mis_level,
+            mode=args.mis_mode,
+            upper=args.mis_upper,
+            lower=args.mis_lower,
+            veto_threshold=args.mis_veto_threshold,
+            batch_normalize=args.mis_batch_normalize,
+        )
+    if args.use_tis and args.tis_clip_low > 0:
+        # slime's clamp(w, --tis-clip-low, --tis-clip) per token is the general form at token level in clip mode
+        return False, ISConfig(level="token", mode="clip", upper=args.tis_cap, lower=args.tis_clip_low)
+    return args.use_tis, None
+
+
+def lr_decay_iters(args: argparse.Namespace) -> int | None:
+    """--lr-decay-iters, else (with a decay style) the whole run in optimizer steps, as Megatron defaults it."""
+    if args.lr_decay_iters is None and args.lr_decay_style != "constant":
+        return args.num_rollout * steps_per_rollout(args)
+    return args.lr_decay_iters
+
+
+def actor_config(args: argparse.Namespace, vocab_size: int):
+    from slime_search.backends.megatron.actor import ActorConfig
+    from slime_search.backends.megatron.loss import LossConfig
+    from slime_search.backends.megatron.optimizer import OptimConfig
+
+    use_tis, mis = importance_weights(args)
+    return ActorConfig(
+        loss=LossConfig(
+            loss_type=args.loss_type,
+            eps_clip=args.eps_clip,
+            eps_clip_high=args.eps_clip_high,
+            eps_clip_c=args.eps_clip_c,
+            kl_coef=args.kl_loss_coef if args.use_kl_loss else 0.0,
+            kl_loss_type=args.kl_loss_type,
+            entropy_coef=args.entropy_coef,
+            llds_coef=args.llds_coef,
+            reduction="token_mean" if args.calculate_per_token_loss else "sequence_mean",
+            use_tis=use_tis,
+            tis_cap=args.tis_cap,
+            mis=mis,
+            temperature=args.rollout_temperature,
+            vocab_size=vocab_size,
+        ),
+        optim=OptimConfig(
+            lr=args.lr,
+            min_lr=args.min_lr,
+            lr_warmup_iters=args.lr_warmup_iters,
+            lr_decay_iters=lr_decay_iters(args),
+            lr_decay_style=args.lr_decay_style,
+            weight_decay=args.weight_decay,
+            adam_beta1=args.adam_beta1,
+            adam_beta2=args.adam_beta2,
+            clip_grad=args.clip_grad,
+        ),
+        max_tokens_per_micro_batch=args.max_tokens_per_gpu,
+        probe_tokens=args.health_probe_tokens,
+    )
+
+
+def engine_config(args: argparse.Namespace, use_gpu: bool, colocated_gpus: int = 0):
+    """`colocated_gpus`: the actor's GPUs, which colocated engines take (one engine GPU per actor GPU)."""
+    from slime_search.engines.deployment import EngineConfig
+
+    colocated = bool(colocated_gpus) and use_gpu
+    return EngineConfig(
+        model_path=args.hf_checkpoint,
+        engine_url=args.engine_url,
+        num_gpus=colocated_gpus if colocated else args.rollout_num_gpus,
+        gpus_per_engine=args.rollout_num_gpus_per_engine,
+        mem_fraction_static=args.sglang_mem_fraction_static,
+        router_port=args.sglang_router_port,
+        memory_saver=colocated,
+        cpu_engines=args.cpu_engines,
+        cpu_engine_args=tuple(shlex.split(args.cpu_engine_args)),
+        cpu_max_batch_size=args.engine_max_batch_size,
+        health_timeout_s=args.engine_health_timeout,
+        seed=args.seed,
+    )
+
+
+def sampling_params(args: argparse.Namespace, greedy: bool = False) -> dict[str, Any]:
+    return {
+        "temperature": 0.0 if greedy else args.rollout_temperature,
+        "top_p": 1.0 if greedy else args.rollout_top_p,
+        "max_new_tokens": args.rollout_max_response_len,
+    }
+
+
+def rollout_manager_config(args: argparse.Namespace, engines):
+    from slime_search.rollout.data_source import DataConfig
+    from slime_search.rollout.manager import RolloutManagerConfig
+    from slime_search.rollout.rollout import RolloutConfig
+
+    return RolloutManagerConfig(
+        engines=engines,
+        data=DataConfig(
+            args.prompt_data, args.input_key, args.label_key, shuffle=args.rollout_shuffle, seed=args.rollout_seed
+        ),
+        rollout=RolloutConfig(
+            batch_size=args.rollout_batch_size,
+            n_samples_per_prompt=args.n_samples_per_prompt,
+            filter_zero_std=args.over_sampling_filter_zero_std,
+            max_concurrency=args.rollout_concurrency,
+            reward_key=args.reward_key,
+            normalize_advantages_std=args.advantage_estimator == "grpo",
+        ),
+        generate_path=args.custom_generate_function_path,
+        reward_path=args.custom_rm_path,
+        sampling_params=sampling_params(args),
+        eval_sampling_params=sampling_params(args, greedy=True),
+        eval_sets=eval_sets(args),
+        log_dir=args.save,
+    )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything the driver hands to the components, built once from the flags."""
+
+    run_dir: str
+    num_rollout: int
+    save_interval: int  # 0: only at the end
+    keep_checkpoints: int  # 0: every checkpoint
+    eval_interval: int  # 0: only at the end (when there are eval sets)
+    log_rollout_examples: int
+    colocate: bool
+    serves_policy: bool  # whether the engines generate with the policy being trained (not in SFT)
+    steps_per_rollout: int
+    train_group: Any  # TrainGroupConfig
+    model: Any  # ModelSource
+    actor: Any  # ActorConfig
+    rollout: Any  # RolloutManagerConfig
+    weight_sync: Any  # WeightSyncConfig
+    schedule: Any  # ScheduleConfig: when rollouts run relative to training
+    wandb: tuple[bool, str, str | None]  # MetricsSink's use_wandb, project, group
+    health: HealthConfig = field(default_factory=HealthConfig)  # the health guard's rules and bounds
+
+    def eval_due(self, version: int) -> bool:
+        if not self.rollout.eval_sets or not self.serves_policy:
+            return False
+        return version == self.num_rollout or bool(self.eval_interval and version % self.eval_interval == 0)
+
+    def save_due(self, steps_done: int) -> bool:
+        return steps_done == self.num_rollout or bool(self.save_interval and steps_done % self.save_interval == 0)
+
+
+def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunConfig:
+    from pathlib import Path
+
+    from slime_search.ray.train_group import TrainGroupConfig
+    from slime_search.rollout.schedule import ScheduleConfig
+    from slime_search.weight_sync.transports import WeightSyncConfig
+
+    actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
+    engines = engine_config(args, use_gpu, colocated_gpus=actor_gpus if args.colocate else 0)
+    return RunConfig(
+        run_dir=args.save,
+        num_rollout=args.num_rollout,
+        save_interval=args.save_interval,
+        keep_checkpoints=args.keep_checkpoints,
+        eval_interval=args.eval_interval,
+        log_rollout_examples=args.log_rollout_examples,
+        colocate=args.colocate,
+        serves_policy=args.loss_type != "sft",
+        steps_per_rollout=steps_per_rollout(args),
+        train_group=TrainGroupConfig(
+            actor_gpus, args.tensor_model_parallel_size, use_gpu=use_gpu, seed=args.seed, log_dir=args.save
+        ),
+        model=model_source(args),
+        actor=actor_config(args, vocab_size),
+        rollout=rollout_manager_config(args, engines),
+        weight_sync=WeightSyncConfig(
+            transport=weight_transport(args),
+            bucket_bytes=args.update_weight_buffer_size,
+            hf_checkpoint=args.hf_checkpoint,
+            disk_dir=str(Path(args.save) / "weights"),
+            ranks_per_engine=engines.ranks_per_engine,
+        ),
+        schedule=ScheduleConfig(args.async_mode, args.max_staleness, args.max_token_lag, args.async_batch_order),
+        wandb=(args.use_wandb, args.wandb_project, args.wandb_group),
+        health=health_config(args),
+    )
