@@ -53,7 +53,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--cpu-engine-args",
         default="",
         help="more arguments for every CPU engine server this run starts, as one string: its injected faults "
-        "(--decode-delay-ms, --freeze-weights-after) for measuring the health guard",
+        "(--decode-delay-ms, --freeze-weights-after) for measuring the health guard; write it "
+        "--cpu-engine-args='--decode-delay-ms 20' (with '=': the value starts with --)",
     )
     g.add_argument(
         "--engine-health-timeout",

@@ -60,8 +60,8 @@ def reduce_over_data_parallel(per_rank: list[dict[str, float]]) -> dict[str, flo
     from slime_search.backends.megatron.actor import REPLICATED_METRICS
 
     out: dict[str, float] = {}
-    for name in per_rank[0]:
-        values = [metrics[name] for metrics in per_rank]
+    for name in dict.fromkeys(name for metrics in per_rank for name in metrics):
+        values = [metrics[name] for metrics in per_rank if name in metrics]  # a rank with no sample has no share
         out[name] = values[0] if name in REPLICATED_METRICS else sum(values)
     return out
 
@@ -80,11 +80,11 @@ def split_into_steps(samples: list, steps: int) -> list[list]:
 
 
 def split_for_data_parallel(samples: list, dp_size: int) -> list[list]:
-    """Longest sample first onto the rank with the fewest tokens so far: balanced work per rank."""
+    """Longest sample first onto the rank with the fewest tokens so far: balanced work per rank. With fewer samples
+    than ranks some ranks get none: they still take part in every collective (their share of the loss is 0), so a
+    rollout that lost most of its samples trains on what is left."""
     if dp_size <= 0:
         raise ValueError(f"data-parallel size must be > 0, got {dp_size}")
-    if len(samples) < dp_size:
-        raise ValueError(f"{len(samples)} samples cannot feed {dp_size} data-parallel ranks")
     shards: list[list] = [[] for _ in range(dp_size)]
     loads = [0] * dp_size
     for sample in sorted(samples, key=lambda s: -len(s.tokens)):

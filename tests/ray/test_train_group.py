@@ -39,7 +39,13 @@ def run_group(ray_session, checkpoint, tp, dp, steps=3):
             for sample, lp in zip(shard, log_probs, strict=True):
                 sample.rollout_log_probs = lp
         # two optimizer steps on its halves
-        return history, group.train(rollout, steps=2)
+        metrics = group.train(rollout, steps=2)
+        # a rollout left with one trainable sample still trains at DP 2 (one rank has nothing: a zero share)
+        [sample] = fixed_batch()[:1]
+        sample.rollout_log_probs = [-5.0] * sample.response_length
+        lone = group.train([sample], steps=1)
+        assert lone["train/steps_applied"] == 1 and lone["train/loss"] == lone["train/loss"]
+        return history, metrics
     finally:
         group.shutdown()
 

@@ -64,6 +64,8 @@ def local_mis_stats(samples: list[TrainSample], mis: ISConfig, device: torch.dev
     """(sum, count) of this rank's raw MIS weights, on `device`, for the data-parallel group to sum."""
     import dataclasses
 
+    if not samples:  # a data-parallel rank with no sample of this step
+        return torch.zeros(2, dtype=torch.float64, device=device)
     raw = dataclasses.replace(mis, batch_normalize=False)
     lengths = [s.response_length for s in samples]
     old = torch.tensor([x for s in samples for x in s.old_log_probs], device=device)
