@@ -87,7 +87,7 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--health-probe-tokens",
         type=non_negative_int,
-        default=1024,
+        default=512,
         help="after each update, the log-probs of up to this many of each rank's tokens are computed again: how far "
         "the update moved the policy (train/kl_old_new, train/logp_shift_pos|neg); 0: not measured",
     )

@@ -34,7 +34,7 @@ class ActorConfig:
     max_tokens_per_micro_batch: int = 4096
     # After an applied step, the log-probs of about this many of the rank's tokens are computed again under the new
     # weights: how far the step moved the policy on what it trained on (0: not measured).
-    probe_tokens: int = 1024
+    probe_tokens: int = 512
 
 
 # Metrics of a step that every data-parallel rank reports whole (the same value on each rank); all the others are
