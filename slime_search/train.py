@@ -201,6 +201,8 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
     """Steps `start`.. of the run: rollout (as --async-mode schedules it) -> health checks -> GRPO step -> weight push
     -> records -> the guard's review (a rollback goes back to a healthy checkpoint); eval every --eval-interval
     versions, checkpoints every --save-interval steps, the final eval."""
+    import ray
+
     from slime_search.metrics import PhaseClock
     from slime_search.rollout.schedule import create_schedule
 
@@ -250,12 +252,14 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
                 colocation.for_weight_push()
                 metrics["weight_version"] = int(transport.push(str(step + 1)))
         if back:
-            ray_get(manager.continue_generation.remote(back))
+            ray.get(manager.continue_generation.remote(back))
         rollouts.pushed(step + 1)
         clock.mark("sync")
         metrics.update({**colocation.metrics(), **clock.times(), **trainer_idle(clock)})
-        events += report(guard.review(step, metrics), run, guard)
-        sink.log(step, {**metrics, **event_counts(events, guard)})
+        reviewed = guard.review(step, metrics)
+        events += reviewed
+        sink.log(step, {**metrics, **event_counts(events, guard)})  # the step's record, also when the run stops here
+        report(reviewed, run, guard)
         rollback = first_rollback(events)
         if rollback is not None:
             step, rollouts = roll_back(
@@ -271,12 +275,6 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
 
 def first_rollback(events):
     return next((event for event in events if event.action == "rollback"), None)
-
-
-def ray_get(ref):
-    import ray
-
-    return ray.get(ref)
 
 
 def main(argv: list[str] | None = None) -> int:

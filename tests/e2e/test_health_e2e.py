@@ -84,7 +84,7 @@ def test_a_rollback_restores_the_start_halves_the_lr_and_a_resume_keeps_the_reme
     # every update "moves the policy too far": roll back once, then out of rollbacks: stop
     result = run_training([*base, "--health-max-update-kl", "1e-12"], tmp_path, "jumpy")
     assert result.returncode == 1, result.stderr[-3000:]
-    log = events(run)
+    log = [e for e in events(run) if e["action"] != "warn"]  # (the tiny policy's rewards never differ: it warns so)
     actions = [(e["step"], e["action"], e["rule"]) for e in log]
     assert actions == [
         (0, "rollback", "policy_jump"),
