@@ -137,8 +137,7 @@ def report(events, run, guard) -> list:
     from slime_search.health.guard import RunStopped
 
     for event in events:
-        level = logging.INFO if event.action == "warn" and event.rule in ("reward_errors",) else logging.WARNING
-        logger.log(level, "health %s (%s): %s", event.action, event.rule, event.message)
+        logger.warning("health %s (%s): %s", event.action, event.rule, event.message)
     run.record_events([event.record(guard.rollbacks) for event in events])
     stop = next((event for event in events if event.action == "stop"), None)
     if stop is not None:

@@ -6,7 +6,14 @@ vectorised over sequences of unequal length.
 """
 
 from slime_search.algo.advantages import expand_to_tokens, grpo_advantages
-from slime_search.algo.importance import ISConfig, ISResult, compute_is_weights, is_batch_stats, vanilla_tis_weights
+from slime_search.algo.importance import (
+    LOG_RATIO_BOUND,
+    ISConfig,
+    ISResult,
+    compute_is_weights,
+    is_batch_stats,
+    vanilla_tis_weights,
+)
 from slime_search.algo.kl import KL_ESTIMATORS, entropy_from_logits, kl_estimate
 from slime_search.algo.policy_loss import likelihood_preservation, policy_loss
 from slime_search.algo.reductions import (
@@ -21,6 +28,7 @@ from slime_search.algo.reductions import (
 
 __all__ = [
     "KL_ESTIMATORS",
+    "LOG_RATIO_BOUND",
     "REDUCTIONS",
     "ISConfig",
     "ISResult",

@@ -26,7 +26,7 @@ from slime_search.algo.reductions import masked_mean, per_sequence_means, per_se
 
 IS_LEVELS = ("token", "sequence", "geometric")
 IS_MODES = ("truncate", "clip", "mask")
-# exp() of a log-ratio beyond this overflows or is meaningless; both slime and verl bound it the same way.
+# exp() of a log-ratio beyond this overflows float32 or is meaningless (verl bounds it the same way; slime does not).
 LOG_RATIO_BOUND = 20.0
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from slime_search.algo.importance import LOG_RATIO_BOUND
+
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
-LOG_RATIO_BOUND = 20.0  # before exp: beyond it float32 is near overflow and k3 is clamped anyway
 
 
 def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:

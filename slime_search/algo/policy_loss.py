@@ -6,17 +6,14 @@ from typing import NamedTuple
 
 import torch
 
+from slime_search.algo.importance import LOG_RATIO_BOUND
+
 
 class PolicyLossOutput(NamedTuple):
     loss: torch.Tensor  # per token, to be reduced with a mask
     clipped: torch.Tensor  # per token: 1.0 where the clipped surrogate was the active (larger) loss
     dual_clipped: torch.Tensor  # per token: 1.0 where the dual-clip bound was active (A < 0 only)
     ratio: torch.Tensor  # per token, detached: exp(logp - logp_old), of the clamped log-ratio
-
-
-# verl's bound on the log-ratio before exp. Inside it nothing changes; beyond it exp overflows float32 (at ~88.7) and
-# one such token, even a masked one, turns the step's loss and gradient into inf * 0 = NaN.
-LOG_RATIO_BOUND = 20.0
 
 
 def policy_loss(
@@ -33,8 +30,9 @@ def policy_loss(
     loss  = max(-A * ratio, -A * clip(ratio, 1 - eps_clip, 1 + eps_clip_high))
     dual clip (eps_clip_c > 1, only where A < 0): loss = min(loss, -A * eps_clip_c), which bounds how much a
     token with a huge ratio and a negative advantage can push.
-    The log-ratio is clamped to +-LOG_RATIO_BOUND before exp: a token beyond it gets no gradient (it moved e^20-fold
-    in one step already) instead of poisoning the whole step with a NaN.
+    The log-ratio is clamped to +-LOG_RATIO_BOUND (verl's 20) before exp: beyond it exp overflows float32 (at ~88.7)
+    and one such token, even a masked one, turned the step's loss and gradient into inf * 0 = NaN; now it gets no
+    gradient (it moved e^20-fold in one step already).
     """
     if eps_clip_high is None:
         eps_clip_high = eps_clip

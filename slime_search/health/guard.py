@@ -21,7 +21,9 @@ and skips of the first two kinds and non-finite updates remain.
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,14 +133,8 @@ class HealthGuard:
         steps' (None until there are MIN_NORMS of them, or with the guard off)."""
         if not self.config.enabled:
             return None
-        norms = [
-            r["train/grad_norm"]
-            for r in self._history[-self.config.window :]
-            if _num(r, "train/grad_norm") is not None and (_num(r, "train/steps_applied") or 0.0) > 0
-        ]
-        if len(norms) < MIN_NORMS:
-            return None
-        return self.config.grad_spike * statistics.median(norms)
+        median = recent_median(self._history, "train/grad_norm", self.config.window, was_applied)
+        return None if median is None else self.config.grad_spike * median
 
     # ---- after the step --------------------------------------------------------------------------------------------
     def review(self, step: int, metrics: dict[str, Any]) -> list[Event]:
@@ -314,9 +310,8 @@ class HealthGuard:
 
     def _recent_median(self, key: str) -> float | None:
         """The median of `key` over the last --health-window steps (a batch's length depends on what finished first in
-        asynchronous modes, so a run's first batch is no yardstick for length); None before MIN_NORMS steps."""
-        values = [r[key] for r in self._history[-self.config.window :] if _num(r, key) is not None]
-        return statistics.median(values) if len(values) >= MIN_NORMS else None
+        asynchronous modes, so a run's first batch is no yardstick for length)."""
+        return recent_median(self._history, key, self.config.window)
 
     def _baseline(self, key: str) -> float | None:
         return starting_value(self._history, key)
@@ -370,6 +365,20 @@ class HealthGuard:
                 self.review(record["step"], record)
             elif self.eval_key in record:
                 self.review_eval(record["step"], record)
+
+
+def was_applied(record: dict[str, Any]) -> bool:
+    """A step whose update (one at least) was applied."""
+    return (_num(record, "train/steps_applied") or 0.0) > 0
+
+
+def recent_median(
+    records: list[dict[str, Any]], key: str, window: int, keep: Callable[[dict[str, Any]], bool] = lambda r: True
+) -> float | None:
+    """The median of `key`'s finite values in the last `window` of `records` (step records) that `keep` accepts; None
+    before MIN_NORMS of them. The guard's moving yardstick (spike and length bounds), and the report's drawing of it."""
+    values = [v for r in records[-window:] if keep(r) and (v := _num(r, key)) is not None and math.isfinite(v)]
+    return statistics.median(values) if len(values) >= MIN_NORMS else None
 
 
 def starting_value(records: list[dict[str, Any]], key: str) -> float | None:

@@ -10,13 +10,12 @@ reward's spread. A panel none of whose metrics the run recorded is not drawn.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_search.health.guard import MIN_NORMS, starting_value
+from slime_search.health.guard import recent_median, starting_value, was_applied
 
 MAX_POINTS = 500  # points of a drawn curve: more are averaged in buckets
 MARKERS_UP_TO = 60  # points of a curve drawn with a marker on each
@@ -111,23 +110,21 @@ def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def moving_bound(
     records: list[dict[str, Any]], key: str, factor: float, window: int, keep: Callable[[dict], bool] = lambda r: True
 ) -> tuple[list[int], list[float]]:
-    """`factor` x the median of `key` over the `window` step records before each step (those `keep` accepts), once
-    there are MIN_NORMS of them: the guard's moving bounds."""
+    """`factor` x the guard's `recent_median` of `key` before each step: the guard's moving bounds, step by step."""
     history = step_records(records)
     steps, values = [], []
     for index, record in enumerate(history):
-        recent = history[max(0, index - window) : index]
-        known = [r[key] for r in recent if number(r, key) is not None and keep(r)]
-        if len(known) >= MIN_NORMS:
+        median = recent_median(history[:index], key, window, keep)
+        if median is not None:
             steps.append(record["step"])
-            values.append(factor * statistics.median(known))
+            values.append(factor * median)
     return steps, values
 
 
 def refusal_bound(records: list[dict[str, Any]], spike: float, window: int) -> tuple[list[int], list[float]]:
     """The gradient norm above which the guard refused each step's update: `spike` x the median of the applied norms
     among the `window` step records before it (HealthGuard.skip_above)."""
-    return moving_bound(records, "train/grad_norm", spike, window, applied)
+    return moving_bound(records, "train/grad_norm", spike, window, was_applied)
 
 
 def draw_length_bound(ax, records: list[dict[str, Any]], config: dict[str, Any] | None) -> None:
@@ -139,10 +136,6 @@ def draw_length_bound(ax, records: list[dict[str, Any]], config: dict[str, Any] 
         shown = downsample(steps, values)
         label = f"blow-up ({config['length_blowup']:g} x recent median p90)"
         ax.plot(shown.steps, shown.means, color="tab:red", ls=":", lw=1, label=label)
-
-
-def applied(record: dict[str, Any]) -> bool:
-    return (number(record, "train/steps_applied") or 0.0) > 0
 
 
 def refused(record: dict[str, Any]) -> bool:

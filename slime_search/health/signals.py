@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from slime_search.algo import LOG_RATIO_BOUND
 from slime_search.types import TrainSample
 
 
@@ -42,7 +43,7 @@ def batch_signals(samples: list[TrainSample], trainer_version: int, is_cap: floa
     if not valid.any():
         return out
     diff, lag = (old - rollout)[valid], (trainer_version - versions)[valid]
-    weight = torch.exp(diff.clamp(max=20.0))
+    weight = torch.exp(diff.clamp(max=LOG_RATIO_BOUND))
     capped = diff > math.log(is_cap)
     out["health/is_weight_mean"] = float(weight.mean())
     out["health/is_weight_max"] = float(weight.max())

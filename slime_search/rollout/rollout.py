@@ -79,8 +79,8 @@ def fail(sample: Sample, reason: str, message: str) -> None:
 async def score(args, sample: Sample, reward: RewardFn, key: str) -> None:
     """Reward a generated sample, or fail it: engine log-probs that are not finite, a reward that is not a finite
     number, or a reward plugin that raised (a judge endpoint timing out) never reach the advantages."""
-    bad = sum(not math.isfinite(lp) for lp in sample.rollout_log_probs)
-    if bad:
+    if not math.isfinite(sum(sample.rollout_log_probs)):  # one C-level pass; a NaN or inf anywhere survives the sum
+        bad = sum(not math.isfinite(lp) for lp in sample.rollout_log_probs)
         fail(sample, "nonfinite_logprob", f"the engine returned {bad} log-probs that are not finite")
         return
     try:

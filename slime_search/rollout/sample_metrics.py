@@ -104,6 +104,9 @@ def mask_stale_tokens(samples: list[TrainSample], trainer_version: int, max_lag:
     masked = 0
     for sample in samples:
         versions = sample.token_versions or []
+        known = [v for v in versions if v >= 0]
+        if not known or trainer_version - min(known) <= max_lag:  # the common case: nothing of it is that old
+            continue
         for i, version in enumerate(versions):
             if sample.loss_mask[i] and version >= 0 and trainer_version - version > max_lag:
                 sample.loss_mask[i] = 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from slime_search.algo import LOG_RATIO_BOUND
 from slime_search.backends.megatron.logprobs import token_log_probs
 from slime_search.backends.megatron.loss import (
     LossConfig,
@@ -115,7 +116,7 @@ def policy_shift_sums(samples: list[TrainSample], new_log_probs: list[list[float
     for sample, new in zip(samples, new_log_probs, strict=True):
         mask = torch.tensor(sample.loss_mask, dtype=torch.float64)
         log_ratio = torch.tensor(new, dtype=torch.float64) - torch.tensor(sample.old_log_probs, dtype=torch.float64)
-        log_ratio = log_ratio.clamp(-20.0, 20.0)
+        log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
         k3 = log_ratio.exp() - 1.0 - log_ratio
         tokens = mask.sum()
         sums[0] += (k3 * mask).sum()
