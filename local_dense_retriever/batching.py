@@ -1,18 +1,24 @@
 """Micro-batching of concurrent search requests onto one worker thread, and an LRU cache of results.
 
 One thread owns the encoder and the index: faiss GPU indexes are not thread-safe, and one batched forward pass
-of the encoder is far cheaper than many single-query ones. Requests wait at most `max_wait_s` for company.
+of the encoder is far cheaper than many single-query ones. Requests wait at most `max_wait_s` for company, and a
+batch is shared fairly among them: a large request is searched slice by slice beside the small ones.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections import OrderedDict
+import math
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from slime_search.utils.batching import WorkerBatcher, resolve
+from slime_search.utils.batching import resolve
 
 logger = logging.getLogger(__name__)
 
@@ -75,42 +81,186 @@ def run_search(search: SearchFn, queries: list[str], topk: int) -> list[Hits]:
     return [by_query[q] for q in queries]
 
 
-class MicroBatcher(WorkerBatcher):
-    """Query batches for the retriever: a request of n queries counts n towards the batch size."""
+class Overloaded(RuntimeError):
+    """More queries are waiting than --max-pending-queries: answered 503 with a Retry-After of `retry_after_s`."""
 
-    def __init__(self, search: SearchFn, max_batch_size: int = 256, max_wait_s: float = 0.002):
-        super().__init__(max_batch_size, max_wait_s, "retriever", size_of=lambda item: len(item[0]))
-        self.search = search
+    def __init__(self, pending: int, limit: int, retry_after_s: int):
+        super().__init__(f"{pending} queries are waiting (--max-pending-queries {limit}); retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(eq=False)
+class PendingRequest:
+    """One request's queries, searched in slices; its future resolves when every slice is answered."""
+
+    queries: list[str]
+    topk: int
+    future: asyncio.Future
+    hits: list[Hits | None] = field(init=False)
+    next: int = 0  # the first query not yet given to a batch
+    answered: int = 0
+
+    def __post_init__(self) -> None:
+        self.hits = [None] * len(self.queries)
 
     @property
-    def queries(self) -> int:
-        return self.units
+    def unbatched(self) -> int:
+        return len(self.queries) - self.next
 
-    async def submit(self, queries: list[str], topk: int) -> list[Hits]:  # type: ignore[override]
-        return await super().submit((queries, topk))
 
-    async def process(self, batch) -> None:
-        topk = max(item[1] for item, _ in batch)
-        queries = [q for item, _ in batch for q in item[0]]
+Slice = tuple[PendingRequest, int, int]  # (request, start, end): queries[start:end] go into one batch
+
+
+def take_fair_slices(waiting: deque[PendingRequest], budget: int) -> list[Slice]:
+    """Up to `budget` queries for the next batch, shared equally among the waiting requests in turn.
+
+    A request of 5,000 queries gets the same share of a batch as a request of 1, so it cannot hold the worker while
+    small requests queue behind it; what it has left waits at the back of the line. Requests whose caller has gone
+    are dropped. `waiting` is updated in place.
+    """
+    slices: list[Slice] = []
+    while budget > 0 and waiting:
+        share = max(1, budget // len(waiting))
+        for _ in range(len(waiting)):
+            if budget == 0:
+                break
+            request = waiting.popleft()
+            if request.future.done():  # cancelled by its caller, or failed in an earlier slice
+                continue
+            n = min(share, request.unbatched, budget)
+            slices.append((request, request.next, request.next + n))
+            request.next += n
+            budget -= n
+            if request.unbatched:
+                waiting.append(request)
+    return slices
+
+
+class MicroBatcher:
+    """Query batches for the retriever's one worker thread, shared fairly among concurrent requests.
+
+    A batch closes when `max_batch_size` queries are waiting or `max_wait_s` has passed since it began to fill; it
+    takes an equal share from every waiting request (take_fair_slices). At most `max_pending` queries wait at once:
+    beyond that a request is refused with Overloaded (503 + Retry-After) instead of growing the queue without bound.
+    """
+
+    def __init__(
+        self, search: SearchFn, max_batch_size: int = 256, max_wait_s: float = 0.002, max_pending: int = 1 << 17
+    ):
+        self.search = search
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self.max_pending = max_pending
+        self.waiting: deque[PendingRequest] = deque()
+        self.pending_queries = 0  # submitted and not yet answered
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever")
+        self._arrived: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self.batches = 0
+        self.queries = 0
+        self.requests_overloaded = 0
+        self._queries_per_s = 0.0  # a moving estimate, for Retry-After
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests with queries not yet given to a batch."""
+        return len(self.waiting)
+
+    def start(self) -> None:
+        self._arrived = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def retry_after_s(self) -> int:
+        """Seconds until the queries waiting now are likely answered (1 to 60)."""
+        if self._queries_per_s <= 0:
+            return 1
+        return int(min(60, max(1, math.ceil(self.pending_queries / self._queries_per_s))))
+
+    async def submit(self, queries: list[str], topk: int) -> list[Hits]:
+        if self.pending_queries and self.pending_queries + len(queries) > self.max_pending:
+            self.requests_overloaded += 1
+            raise Overloaded(self.pending_queries, self.max_pending, self.retry_after_s())
+        request = PendingRequest(queries, topk, asyncio.get_running_loop().create_future())
+        self.waiting.append(request)
+        self.pending_queries += len(queries)
+        assert self._arrived is not None, "start() the batcher before submitting"
+        self._arrived.set()
         try:
-            hits = await self.run_in_worker(run_search, self.search, queries, topk)
-        except Exception:  # noqa: BLE001 - isolate the culprit: each request is retried on its own
-            logger.exception(
-                "batch of %d queries failed; retrying its %d requests one by one", len(queries), len(batch)
-            )
-            await self._run_individually(batch)
-            return
-        start = 0
-        for (request_queries, request_topk), future in batch:
-            part = hits[start : start + len(request_queries)]
-            start += len(request_queries)
-            resolve(future, [h[:request_topk] for h in part])
+            return await request.future
+        finally:
+            self.pending_queries -= len(queries) - request.answered  # what was never answered leaves the count too
 
-    async def _run_individually(self, batch) -> None:
-        for (queries, topk), future in batch:
+    async def _collect(self) -> list[Slice]:
+        assert self._arrived is not None
+        while not self.waiting:
+            self._arrived.clear()
+            await self._arrived.wait()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait_s
+        while sum(r.unbatched for r in self.waiting) < self.max_batch_size:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            self._arrived.clear()
             try:
-                hits = await self.run_in_worker(run_search, self.search, queries, topk)
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                break
+        return take_fair_slices(self.waiting, self.max_batch_size)
+
+    async def _run(self) -> None:
+        while True:
+            slices = await self._collect()
+            if slices:
+                await self._process(slices)
+
+    async def _search(self, queries: list[str], topk: int) -> list[Hits]:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, run_search, self.search, queries, topk)
+
+    async def _process(self, slices: list[Slice]) -> None:
+        queries = [q for request, start, end in slices for q in request.queries[start:end]]
+        topk = max(request.topk for request, _, _ in slices)
+        began = time.perf_counter()
+        try:
+            hits = await self._search(queries, topk)
+        except Exception:  # noqa: BLE001 - isolate the culprit: each slice is retried on its own
+            logger.exception("batch of %d queries failed; retrying its %d slices one by one", len(queries), len(slices))
+            await self._process_individually(slices)
+            return
+        self._count(len(queries), time.perf_counter() - began)
+        offset = 0
+        for request, start, end in slices:
+            self._answer(request, start, hits[offset : offset + end - start])
+            offset += end - start
+
+    async def _process_individually(self, slices: list[Slice]) -> None:
+        for request, start, end in slices:
+            if request.future.done():
+                continue
+            try:
+                hits = await self._search(request.queries[start:end], request.topk)
             except Exception as err:  # noqa: BLE001 - recorded as this request's failure
-                resolve(future, error=err)
+                resolve(request.future, error=err)
             else:
-                resolve(future, hits)
+                self._answer(request, start, hits)
+
+    def _count(self, n: int, seconds: float) -> None:
+        self.batches += 1
+        self.queries += n
+        rate = n / max(seconds, 1e-6)
+        self._queries_per_s = rate if self._queries_per_s == 0 else 0.8 * self._queries_per_s + 0.2 * rate
+
+    def _answer(self, request: PendingRequest, start: int, hits: list[Hits]) -> None:
+        if request.future.done():  # its caller has gone or another slice failed: submit() has uncounted it
+            return
+        for i, h in enumerate(hits):
+            request.hits[start + i] = h[: request.topk]
+        request.answered += len(hits)
+        self.pending_queries -= len(hits)
+        if request.answered == len(request.queries):
+            resolve(request.future, request.hits)

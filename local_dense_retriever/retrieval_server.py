@@ -7,7 +7,14 @@
 
 POST /retrieve {"queries": [...], "topk": 3, "return_scores": false}   (or {"query": "..."}, SkyRL's form)
   -> {"result": [[{"id", "contents"}, ...] per query]}, or [{"document": {...}, "score": s}, ...] with scores.
+     (Each document is the corpus row as it is: ASearcher's wiki_corpus.jsonl rows carry their "url" too.)
+POST /access {"urls": [...]} -> {"result": [page row or null per url]}   (ASearcher's and RLinf's page access;
+  needs --pages-path)
 GET /health -> readiness, corpus size, index type, encoder, queue depth, cache hit rate, repaired queries.
+
+Bounded under mixed load: a request of many queries is searched in slices that share each batch equally with the
+small requests beside it; more than --max-pending-queries waiting gets 503 with Retry-After; a body over
+--max-body-bytes gets 413; a connection slower than --header-timeout / --body-timeout to send its request is closed.
 
 Every well-formed request is answered per query: an empty or blank query gets an empty list, an over-long one is
 cut to --max-query-chars, one with unpaired surrogates has them replaced (both counted in /health), so one odd
@@ -28,7 +35,15 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from local_dense_retriever.batching import Hits, LRUCache, MicroBatcher, SearchFn, normalize_query  # noqa: E402
+from local_dense_retriever.batching import (  # noqa: E402
+    Hits,
+    LRUCache,
+    MicroBatcher,
+    Overloaded,
+    SearchFn,
+    normalize_query,
+)
+from slime_search.utils.http_limits import BodyTooLarge, bounded_h11_protocol, read_body  # noqa: E402
 from slime_search.utils.net import listen_socket  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -43,6 +58,10 @@ class ServerConfig:
     max_batch_size: int = 256
     max_wait_ms: float = 2.0
     cache_size: int = 100_000
+    max_pending_queries: int = 131_072  # waiting at once; beyond it 503 + Retry-After
+    max_body_bytes: int = 16 << 20  # a whole GRPO batch of 2,560 queries is ~0.3 MB
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
 
 
 class RequestError(ValueError):
@@ -66,6 +85,19 @@ def parse_body(raw: bytes) -> Any:
     except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)[:200]
         raise RequestError(f"body is not valid JSON: {reason}") from None
+
+
+def validate_access(body: Any, config: ServerConfig) -> list[str]:
+    """The URLs of an /access request: {"urls": ["...", ...]} (ASearcher's and RLinf's form)."""
+    urls = body.get("urls") if isinstance(body, dict) else None
+    if not isinstance(urls, list) or not urls:
+        raise RequestError('body must be a JSON object like {"urls": ["https://..."]}')
+    if len(urls) > config.max_queries:
+        raise RequestError(f"too many urls: {len(urls)} > {config.max_queries}; split the request")
+    for i, url in enumerate(urls):
+        if not isinstance(url, str):
+            raise RequestError(f"urls[{i}] is a {type(url).__name__}, not a string")
+    return [_valid_text(url) for url in urls]
 
 
 def _valid_text(query: str) -> str:
@@ -105,15 +137,21 @@ def validate_request(body: Any, config: ServerConfig) -> RetrieveRequest:
 class RetrievalService:
     """Cache in front of the micro-batcher; formats hits as Search-R1 documents."""
 
-    def __init__(self, search: SearchFn, corpus, config: ServerConfig, info: dict[str, Any]):
+    def __init__(self, search: SearchFn, corpus, config: ServerConfig, info: dict[str, Any], pages=None):
         self.corpus = corpus
+        self.pages = pages  # a pages.PageStore for /access, or None
         self.config = config
         self.info = info
         self.cache = LRUCache(config.cache_size)
-        self.batcher = MicroBatcher(search, config.max_batch_size, config.max_wait_ms / 1000.0)
+        self.batcher = MicroBatcher(
+            search, config.max_batch_size, config.max_wait_ms / 1000.0, config.max_pending_queries
+        )
         self.queries_truncated = 0
         self.queries_repaired = 0
         self.requests_refused = 0
+        self.requests_too_large = 0
+        self.pages_served = 0
+        self.pages_missing = 0
 
     async def retrieve(self, queries: list[str], topk: int) -> list[Hits]:
         """Hits per query; a blank query has none (Search-R1 lets the trajectory go on with an empty observation)."""
@@ -126,6 +164,13 @@ class RetrievalService:
                 results[i] = hits
                 self.cache.put(keys[i], hits)
         return results  # type: ignore[return-value]
+
+    def access(self, urls: list[str]) -> list[dict | None]:
+        """The page of each URL, or None for one the pages file does not hold (ASearcher answers null too)."""
+        pages = [self.pages.get(url) for url in urls]
+        self.pages_served += sum(p is not None for p in pages)
+        self.pages_missing += sum(p is None for p in pages)
+        return pages
 
     def document(self, row: int) -> dict:
         return self.corpus[row]
@@ -144,6 +189,7 @@ class RetrievalService:
             "corpus_size": len(self.corpus),
             **self.info,
             "queue_depth": self.batcher.queue_depth,
+            "pending_queries": self.batcher.pending_queries,
             "batches": self.batcher.batches,
             "queries_searched": self.batcher.queries,
             "cache_size": len(self.cache),
@@ -151,6 +197,11 @@ class RetrievalService:
             "queries_truncated": self.queries_truncated,
             "queries_repaired": self.queries_repaired,
             "requests_refused": self.requests_refused,
+            "requests_too_large": self.requests_too_large,
+            "requests_overloaded": self.batcher.requests_overloaded,
+            "pages": len(self.pages) if self.pages is not None else 0,
+            "pages_served": self.pages_served,
+            "pages_missing": self.pages_missing,
         }
 
 
@@ -169,7 +220,12 @@ def create_app(service: RetrievalService):
     @app.post("/retrieve")
     async def retrieve(request: Request):
         try:
-            parsed = validate_request(parse_body(await request.body()), service.config)
+            raw = await read_body(request, service.config.max_body_bytes)
+        except BodyTooLarge as err:  # refused before it is read: close, not to read the rest of it
+            service.requests_too_large += 1
+            return JSONResponse({"detail": str(err)}, status_code=413, headers={"Connection": "close"})
+        try:
+            parsed = validate_request(parse_body(raw), service.config)
         except RequestError as err:
             service.requests_refused += 1
             return JSONResponse({"detail": str(err)}, status_code=400)
@@ -177,10 +233,29 @@ def create_app(service: RetrievalService):
         service.queries_repaired += parsed.repaired
         try:
             hits = await service.retrieve(parsed.queries, parsed.topk)
+        except Overloaded as err:
+            return JSONResponse({"detail": str(err)}, status_code=503, headers={"Retry-After": str(err.retry_after_s)})
         except Exception as err:  # noqa: BLE001 - this request's search failed; the server carries on
             logger.exception("retrieval failed")
             return JSONResponse({"detail": f"retrieval failed: {type(err).__name__}: {err}"}, status_code=500)
         return JSONResponse(service.format(hits, parsed.return_scores))
+
+    @app.post("/access")
+    async def access(request: Request):
+        if service.pages is None:
+            detail = "this server holds no pages: start it with --pages-path wiki_webpages.jsonl"
+            return JSONResponse({"detail": detail}, status_code=404)
+        try:
+            raw = await read_body(request, service.config.max_body_bytes)
+        except BodyTooLarge as err:
+            service.requests_too_large += 1
+            return JSONResponse({"detail": str(err)}, status_code=413, headers={"Connection": "close"})
+        try:
+            urls = validate_access(parse_body(raw), service.config)
+        except RequestError as err:
+            service.requests_refused += 1
+            return JSONResponse({"detail": str(err)}, status_code=400)
+        return JSONResponse({"result": await asyncio.to_thread(service.access, urls)})
 
     @app.get("/health")
     async def health():
@@ -210,6 +285,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--index-path", "--index_path", required=True, help="faiss index file, or BM25 folder")
     parser.add_argument("--corpus-path", "--corpus_path", required=True, help='{"id","contents"} jsonl')
+    parser.add_argument(
+        "--pages-path",
+        "--pages_path",
+        default=None,
+        help='whole pages for POST /access: a jsonl of {"url","contents"} (ASearcher\'s wiki_webpages.jsonl)',
+    )
+    parser.add_argument(
+        "--save-address-to",
+        "--save_address_to",
+        default=None,
+        help="a folder to write Host{ip}_IP{port}.txt holding ip:port into, once serving (ASearcher's address file)",
+    )
     parser.add_argument("--retriever-name", "--retriever_name", default="e5", help="e5, bge, bm25, ...")
     parser.add_argument("--retriever-model", "--retriever_model", default=None, help="default: from the index meta")
     parser.add_argument("--topk", type=int, default=3, help="results per query when a request gives no topk")
@@ -223,7 +310,55 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cache-size", type=int, default=100_000, help="LRU entries; 0 disables the cache")
     parser.add_argument("--max-queries", type=int, default=16_384, help="queries per request")
     parser.add_argument("--max-query-chars", type=int, default=4096, help="longer queries are cut to this length")
+    parser.add_argument(
+        "--max-pending-queries",
+        type=int,
+        default=131_072,
+        help="queries waiting at once; a request beyond it gets 503 with Retry-After",
+    )
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=16 << 20, help="larger request bodies get 413 (default 16 MiB)"
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a connection may take to send a request's headers before it is closed",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a request may take to send its body after its headers before the connection is closed",
+    )
     return parser.parse_args(argv)
+
+
+def load_pages(path: str | None):
+    """The pages for /access, or None without --pages-path. FileNotFoundError for a path that is not a file (ASearcher
+    starts without its pages then, and every /access fails)."""
+    if path is None:
+        return None
+    from local_dense_retriever.pages import PageStore
+
+    return PageStore(path)
+
+
+def write_address_file(folder: Path, host: str, port: int) -> Path:
+    """ASearcher's address file, which its training clients pick a server from: FOLDER/Host{ip}_IP{port}.txt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"Host{host}_IP{port}.txt"
+    path.write_text(f"{host}:{port}")
+    return path
+
+
+def serving_config(app, config: ServerConfig):
+    """uvicorn settings: a deep backlog for bursts of rollout clients, and connections too slow to send a request
+    closed (bounded_h11_protocol)."""
+    import uvicorn
+
+    protocol = bounded_h11_protocol(config.header_timeout_s, config.body_timeout_s)
+    return uvicorn.Config(app, log_level="warning", backlog=4096, timeout_keep_alive=30, http=protocol)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         corpus = Corpus(args.corpus_path)
+        pages = load_pages(args.pages_path)
         retriever, info = load_retriever(args)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -252,14 +388,18 @@ def main(argv: list[str] | None = None) -> int:
         cache_size=args.cache_size,
         max_queries=args.max_queries,
         max_query_chars=args.max_query_chars,
+        max_pending_queries=args.max_pending_queries,
+        max_body_bytes=args.max_body_bytes,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
     )
-    service = RetrievalService(retriever.search, corpus, config, info)
+    service = RetrievalService(retriever.search, corpus, config, info, pages)
     sock = listen_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]
+    if args.save_address_to:
+        write_address_file(Path(args.save_address_to), host, port)
     print(f"serving on http://{host}:{port}", flush=True)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(service), log_level="warning", backlog=4096, timeout_keep_alive=30)
-    )
+    server = uvicorn.Server(serving_config(create_app(service), config))
     asyncio.run(server.serve(sockets=[sock]))
     return 0
 

@@ -47,6 +47,8 @@ TABLE_KEYS = (
     "rollout/searches_mean",
     "rollout/search_billed_calls",
     "rollout/search_cache_hits",
+    "rollout/search_cost_usd",
+    "rollout/search_empty",
     "rollout/turns_mean",
     "rollout/response_length_mean",
     "train/loss",
@@ -163,6 +165,23 @@ def verdict_section(events: list[dict[str, Any]]) -> str:
     return f'{line}<h2>Health events ({len(events)})</h2><table class="events">{head}{"".join(rows)}</table>'
 
 
+def search_cost_section(records: list[dict[str, Any]]) -> str:
+    """What web search cost over the run (training rollouts and evaluations): billed calls, dollars, cache hits;
+    empty for a run that made no billed call."""
+    totals = {"billed": 0.0, "usd": 0.0, "hits": 0.0}
+    for record in records:
+        for prefix in ("rollout", "eval"):
+            totals["billed"] += float(record.get(f"{prefix}/search_billed_calls", 0.0))
+            totals["usd"] += float(record.get(f"{prefix}/search_cost_usd", 0.0))
+            totals["hits"] += float(record.get(f"{prefix}/search_cache_hits", 0.0))
+    if not totals["billed"] and not totals["hits"]:
+        return ""
+    return (
+        f'<p class="cost">Web search over the run: {totals["billed"]:.0f} billed calls, ${totals["usd"]:.2f}; '
+        f"{totals['hits']:.0f} answers from the cache (not billed). Per step: the table below.</p>"
+    )
+
+
 def health_config(run_dir: Path) -> dict[str, Any] | None:
     """The guard's bounds as the run recorded them; None for a run that did not."""
     path = run_dir / "health_config.json"
@@ -216,6 +235,7 @@ def render_report(run_dir: str | Path, examples_per_kind: int = 6) -> Path:
         f"<html><head><meta charset='utf-8'><title>{html.escape(run_dir.name)}</title><style>{STYLE}</style></head>"
         f"<body><h1>Run {html.escape(run_dir.name)}</h1>"
         + verdict_section(events)
+        + search_cost_section(records)
         + (
             "<h2>Health signals (guard bounds dotted red; rollbacks dashed orange; the stop dark red)</h2>"
             if health

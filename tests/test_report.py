@@ -184,3 +184,26 @@ def test_a_run_without_events_or_guard_settings_is_healthy(tmp_path, capsys):
     page = (tmp_path / "report" / "index.html").read_text()
     assert '<p class="verdict healthy">Health: healthy</p>' in page and "Health events" not in page
     assert (tmp_path / "report" / "health_entropy.png").is_file()
+
+
+def test_the_web_search_cost_of_the_run_is_summed_over_training_and_evaluation():
+    from slime_search.report import search_cost_section
+
+    records = [
+        {
+            "step": 0,
+            "rollout/search_billed_calls": 120.0,
+            "rollout/search_cost_usd": 0.12,
+            "rollout/search_cache_hits": 8.0,
+        },
+        {
+            "step": 1,
+            "rollout/search_billed_calls": 30.0,
+            "rollout/search_cost_usd": 0.03,
+            "rollout/search_cache_hits": 90.0,
+        },
+        {"step": 1, "eval/search_billed_calls": 50.0, "eval/search_cost_usd": 0.05, "eval/search_cache_hits": 2.0},
+    ]
+    section = search_cost_section(records)
+    assert "200 billed calls, $0.20" in section and "100 answers from the cache" in section
+    assert search_cost_section([{"step": 0, "rollout/searches_mean": 1.0}]) == ""  # a run on the local retriever

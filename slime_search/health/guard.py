@@ -79,6 +79,8 @@ class HealthGuard:
         """Stop on unusable rewards above their rate; skip a step whose searches failed or that has no trainable
         sample; warn on the samples lost below those bounds."""
         samples = _num(metrics, "rollout/samples") or 0.0
+        if errors.get("stop_run"):  # a plugin asked the run to stop (e.g. its web-search budget is spent)
+            return [Event(step, "stop", "stop_run", f"step {step}: {errors['stop_run']}", {"samples": samples})]
         events: list[Event] = []
         bad_rewards = _num(metrics, "rollout/reward_errors") or 0.0
         if bad_rewards:

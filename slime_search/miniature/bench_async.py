@@ -12,6 +12,11 @@ The runs' own evals use the task's first 64 held-out questions (one eval's stand
 evaluates each run's final weights, greedy, on every held-out question of the task (600: standard error ~0.012).
 --replicas N repeats every run with sampling seeds of its own, from the same SFT weights (RUN/seedS/rl-MODE-repR): how
 far two synchronous runs land apart is the yardstick for the modes' gap.
+
+With the health guard (on by default) a run may roll back or stop: --extra-args "--save-interval 2" gives it
+checkpoints to return to, and a last table lists every run with the guard's rollbacks, warnings and stops. A run the
+guard stopped is a result: its last saved weights are the ones evaluated. --extra-args "--no-health-guard" gives the
+same runs unguarded.
 """
 
 from __future__ import annotations
@@ -53,35 +58,66 @@ def replica_seed(seed: int, replica: int) -> int:
     return seed + 1000 * replica
 
 
-def run_flags(mode: str, max_staleness: int, seed: int, replica: int) -> str:
-    """train.py flags of one run (RL_ARGS); a replica > 0 samples and orders prompts with a seed of its own."""
+def run_flags(mode: str, max_staleness: int, seed: int, replica: int, extra: str = "") -> str:
+    """train.py flags of one run (RL_ARGS); a replica > 0 samples and orders prompts with a seed of its own; `extra`
+    (e.g. "--save-interval 2", the checkpoints a health rollback returns to) is passed to every run."""
     flags = f"--async-mode {mode}" + (f" --max-staleness {max_staleness}" if mode == "fully" else "")
     if replica:
         flags += f" --seed {replica_seed(seed, replica)} --rollout-seed {replica_seed(seed, replica)}"
-    return flags
+    return f"{flags} {extra}".strip()
+
+
+def health_events(run: Path) -> list[dict]:
+    path = run / "health.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def stopped(run: Path) -> bool:
+    """Whether the health guard stopped the run (a result to report, not a failure of the benchmark)."""
+    return any(e.get("action") == "stop" for e in health_events(run))
+
+
+def final_weights(run: Path) -> Path:
+    """The run's last saved HF weights: step_<steps> for a run that finished, the last kept one for a stopped run."""
+    saved = sorted((run / "weights").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    if not saved:
+        raise FileNotFoundError(f"{run}: no weights/step_* to evaluate")
+    return saved[-1]
 
 
 def run_mode(
-    out: Path, seed: int, mode: str, max_staleness: int, steps: int, lr: str | None = None, replica: int = 0
+    out: Path,
+    seed: int,
+    mode: str,
+    max_staleness: int,
+    steps: int,
+    lr: str | None = None,
+    replica: int = 0,
+    extra: str = "",
+    eval_interval: int | None = None,
 ) -> Path:
-    """One GRPO run from the seed's SFT weights (read, not repeated, when already complete)."""
+    """One GRPO run from the seed's SFT weights (read, not repeated, when already complete or stopped by the
+    health guard)."""
     name = run_name(mode, lr, replica)
     run = out / f"seed{seed}" / name
-    if complete(run, steps):
+    if complete(run, steps) or stopped(run):
         return run
     env = {
         **os.environ,
         "RUN_DIR": str(out / f"seed{seed}"),
         "SEED": str(seed),
         "RL_NAME": name,
-        "RL_ARGS": run_flags(mode, max_staleness, seed, replica),
+        "RL_ARGS": run_flags(mode, max_staleness, seed, replica, extra),
         "RL_STEPS": str(steps),
         **({"RL_LR": lr} if lr else {}),
+        **({"EVAL_INTERVAL": str(eval_interval)} if eval_interval else {}),
     }
     log = out / f"seed{seed}" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as handle:
-        subprocess.run(["bash", str(SCRIPT)], env=env, stdout=handle, stderr=subprocess.STDOUT, check=True)
+        done = subprocess.run(["bash", str(SCRIPT)], env=env, stdout=handle, stderr=subprocess.STDOUT)
+    if done.returncode != 0 and not stopped(run):
+        raise RuntimeError(f"{name} of seed {seed} failed (exit {done.returncode}): see {log}")
     return run
 
 
@@ -97,8 +133,9 @@ def write_all_heldout(seed_dir: Path, seed: int) -> Path:
 
 def eval_arguments(run: Path, steps: int, heldout: Path, search_url: str) -> list[str]:
     """`slime_search.eval`'s arguments for the run's final weights on `heldout`, written to RUN/WIDE_EVAL."""
+    weights = run / "weights" / f"step_{steps}" if not stopped(run) else final_weights(run)
     return [
-        "--hf-checkpoint", str(run / "weights" / f"step_{steps}"), "--eval-prompt-data", "heldout", str(heldout),
+        "--hf-checkpoint", str(weights), "--eval-prompt-data", "heldout", str(heldout),
         "--search-url", search_url, "--output", str(run / WIDE_EVAL), *EVAL_FLAGS,
     ]  # fmt: skip
 
@@ -144,6 +181,17 @@ def summary(run: Path) -> dict[str, float]:
         "staleness_mean": sum(r.get("async/staleness_tokens_mean", 0.0) for r in train) / len(train),
         "interrupted": sum(r.get("async/interrupted_trajectories", 0.0) for r in train),
         **{k.rsplit("_", 1)[1]: sum(r.get(k, 0.0) for r in train) / len(train) for k in lag_keys},
+        **health_summary(run),
+    }
+
+
+def health_summary(run: Path) -> dict[str, float]:
+    """What the health guard did in a run: its rollbacks, warnings and whether it stopped the run."""
+    events = health_events(run)
+    return {
+        "rollbacks": sum(e.get("action") == "rollback" for e in events),
+        "warnings": sum(e.get("action") == "warn" for e in events),
+        "stopped": float(stopped(run)),
     }
 
 
@@ -209,6 +257,39 @@ def replica_table(finals: dict[tuple[int, str, int], float], seeds: list[int], r
     return "\n".join(lines)
 
 
+def deepest_dip(curve: list[float]) -> float:
+    """The largest fall of the held-out EM below its best so far (0 for a curve that never fell)."""
+    best, dip = float("-inf"), 0.0
+    for em in curve:
+        best = max(best, em)
+        dip = max(dip, best - em)
+    return dip
+
+
+def health_table(runs: dict[tuple[int, str, int], dict], seeds: list[int], replicas: int, modes: list[str]) -> str:
+    """Every run, with what the health guard did in it and where it ended against its seed's synchronous mean."""
+    lines = [
+        "| seed | mode | replica | final EM, all held-out | vs seed's off mean | deepest dip (64 q) | rollbacks | "
+        "warnings | stopped |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    below = 0
+    for seed in seeds:
+        off = sum(runs[(seed, "off", r)]["wide_em"] for r in range(replicas)) / replicas
+        for mode in modes:
+            for replica in range(replicas):
+                r = runs[(seed, mode, replica)]
+                below += r["wide_em"] < off - 0.05
+                lines.append(
+                    f"| {seed} | {mode} | {replica} | {r['wide_em']:.3f} | {signed(r['wide_em'] - off)} | "
+                    f"{deepest_dip(r['em_curve']):.3f} | {r['rollbacks']:.0f} | {r['warnings']:.0f} | "
+                    f"{'yes' if r['stopped'] else 'no'} |"
+                )
+    total = len(seeds) * replicas * len(modes)
+    lines.append(f"\n{below} of {total} runs ended more than 0.05 below their seed's synchronous mean.")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/async")
@@ -223,28 +304,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--replicas", type=int, default=1, help="GRPO runs per seed and mode, each sampling with a seed of its own"
     )
+    parser.add_argument("--extra-args", default="", help='train.py flags added to every run, e.g. "--save-interval 2"')
+    parser.add_argument(
+        "--eval-interval", type=int, default=None, help="versions between held-out evals (the run script's default)"
+    )
     args = parser.parse_args(argv)
     args.modes = ["off", *(mode for mode in args.modes if mode != "off")]  # every mode is compared with off
     if args.replicas > 1 and not args.wide_eval:
         parser.error("--replicas compares final weights on all held-out questions: add --wide-eval")
     out = Path(args.out)
-    results, finals = {}, {}
+    results, finals, every_run = {}, {}, {}
     for seed in args.seeds:
         for replica in range(args.replicas):
             runs = {
-                mode: run_mode(out, seed, mode, args.max_staleness, args.steps, args.rl_lr, replica)
+                mode: run_mode(
+                    out,
+                    seed,
+                    mode,
+                    args.max_staleness,
+                    args.steps,
+                    args.rl_lr,
+                    replica,
+                    args.extra_args,
+                    args.eval_interval,
+                )
                 for mode in args.modes
             }
             wide = wide_evals(out, seed, runs, args.steps) if args.wide_eval else {}
             for mode, run in runs.items():
                 result = summary(run) | wide.get(mode, {})
                 finals[(seed, mode, replica)] = result.get("wide_em")
+                every_run[(seed, mode, replica)] = result
                 if replica == 0:
                     results[(seed, mode)] = result
                 print(f"seed {seed} {mode} replica {replica}: {json.dumps(result)}", flush=True)
     print(table(results, args.seeds, args.modes))
     if args.replicas > 1:
         print(replica_table(finals, args.seeds, args.replicas, args.modes))
+        print(health_table(every_run, args.seeds, args.replicas, args.modes))
     return 0
 
 

@@ -41,4 +41,5 @@ def evaluate_samples(samples: list[Sample], reward_key: str = "score") -> dict[s
     hits = sum(s.metrics.get("search_cache_hits", 0) for s in samples)
     if billed or hits:  # web search: billed calls and cache hits of the whole evaluation
         out["eval/search_billed_calls"], out["eval/search_cache_hits"] = float(billed), float(hits)
+        out["eval/search_cost_usd"] = float(sum(s.metrics.get("search_cost_usd", 0.0) for s in samples))
     return out

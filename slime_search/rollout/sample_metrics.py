@@ -37,20 +37,32 @@ def rollout_metrics(samples: list[Sample], single_version: bool = True) -> dict[
         "rollout/search_rate": sum(s.metrics.get("searches", 0) > 0 for s in samples) / n,
         "rollout/invalid_action_rate": sum(s.metrics.get("invalid_actions", 0) > 0 for s in samples) / n,
         "rollout/obs_truncations": float(sum(s.metrics.get("obs_truncations", 0) for s in samples)),
+        "rollout/search_empty": float(sum(s.metrics.get("search_empty", 0) for s in samples)),
         "rollout/search_failures": float(sum(s.metadata.get("finish_reason") == "search_error" for s in samples)),
-        # every search that answered, and the one that failed its trajectory (a failed search ends it)
+        # every search (and page access) that answered, and the one that failed its trajectory (a failed call ends it)
         "rollout/search_calls": float(
-            sum(s.metrics.get("searches", 0) + (s.metadata.get("finish_reason") == "search_error") for s in samples)
+            sum(
+                s.metrics.get("searches", 0)
+                + s.metrics.get("accesses", 0)
+                + (s.metadata.get("finish_reason") == "search_error")
+                for s in samples
+            )
         ),
         "rollout/engine_errors": float(sum(s.metadata.get("finish_reason") == "engine_error" for s in samples)),
         "rollout/engine_failovers": float(sum(s.metrics.get("engine_failovers", 0) for s in samples)),
     }
+    accesses = sum(s.metrics.get("accesses", 0) for s in samples)
+    if accesses:  # the page-access tool (--page-access): pages read, and asked for but not held
+        out["rollout/accesses_mean"] = accesses / n
+        out["rollout/access_rate"] = sum(s.metrics.get("accesses", 0) > 0 for s in samples) / n
+        out["rollout/access_missing"] = float(sum(s.metrics.get("access_missing", 0) for s in samples))
     billed = sum(s.metrics.get("search_billed", 0) for s in samples)
     hits = sum(s.metrics.get("search_cache_hits", 0) for s in samples)
     if billed or hits:  # web search: what the rollout cost and what a cache saved
         out["rollout/search_billed_calls"] = float(billed)
         out["rollout/search_cache_hits"] = float(hits)
         out["rollout/search_cache_hit_rate"] = hits / (billed + hits)
+        out["rollout/search_cost_usd"] = float(sum(s.metrics.get("search_cost_usd", 0.0) for s in samples))
     if per_search:
         out["rollout/search_latency_p50_s"] = percentile(per_search, 0.5)
         out["rollout/search_latency_p99_s"] = percentile(per_search, 0.99)

@@ -11,6 +11,7 @@ import asyncio
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from slime_search.utils.flag_types import non_negative_float, non_negative_int, positive_float, positive_int
@@ -41,10 +42,25 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         help="seconds one search request may take (each retry again)",
     )
     group.add_argument(
+        "--search-retry-window",
+        type=non_negative_float,
+        default=30.0,
+        help="seconds a failed local search request (network, 5xx, 429, 503) is retried for, with jittered "
+        "backoff and the server's Retry-After: long enough for a retriever restart; the last attempt may take "
+        "--search-timeout more",
+    )
+    group.add_argument(
         "--search-retries",
         type=non_negative_int,
-        default=3,
-        help="retries of a failed search request (5xx, 429, network)",
+        default=None,
+        help="at most this many retries of a failed search request (default: local, as many as "
+        "--search-retry-window allows; Serper, 3)",
+    )
+    group.add_argument(
+        "--empty-search-text",
+        default="No search results are found.",
+        help="the observation of a search that found nothing (counted as search_empty); '' gives Search-R1's "
+        "empty <information></information>",
     )
     group.add_argument(
         "--search-preflight-timeout",
@@ -78,6 +94,47 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         "--serper-replay-only",
         action="store_true",
         help="answer Serper searches from --serper-cache only, never calling the API (reproducible evaluation)",
+    )
+    group.add_argument(
+        "--serper-budget-calls",
+        type=non_negative_int,
+        default=None,
+        help="at most this many billed Serper calls over the whole run (cached answers are free)",
+    )
+    group.add_argument(
+        "--serper-budget-usd",
+        type=non_negative_float,
+        default=None,
+        help="at most this many dollars of Serper calls over the run, at --serper-usd-per-call",
+    )
+    group.add_argument(
+        "--serper-usd-per-call",
+        type=non_negative_float,
+        default=0.001,
+        help="what one billed Serper call costs you (default: $1 per 1,000 queries); sets the cost in the report",
+    )
+    group.add_argument(
+        "--serper-at-budget",
+        choices=("stop", "replay"),
+        default="stop",
+        help="at the budget: stop the run with a message, or go on answering from --serper-cache only",
+    )
+    group.add_argument(
+        "--serper-ledger",
+        default=None,
+        help="SQLite file counting the run's billed Serper calls (default: serper_spend.sqlite in --save)",
+    )
+    group.add_argument(
+        "--page-access",
+        action="store_true",
+        help="an <access> url </access> action that reads a whole page from the retriever's /access (ASearcher's "
+        "and RLinf's local wiki server; start it with --pages-path); off: Search-R1's loop, unchanged",
+    )
+    group.add_argument(
+        "--access-url", default=None, help="the /access endpoint (default: --search-url with /retrieve -> /access)"
+    )
+    group.add_argument(
+        "--max-page-tokens", type=positive_int, default=1024, help="an accessed page's observation cap, in tokens"
     )
     group.add_argument(
         "--max-turns", type=non_negative_int, default=4, help="search turns before the final answer-only turn"
@@ -131,13 +188,23 @@ class SearchR1Config:
     search_concurrency: int = 256
     generation_concurrency: int = 256
     search_timeout: float = 60.0
-    search_retries: int = 3
+    search_retry_window: float = 30.0
+    search_retries: int | None = None
+    empty_search_text: str = "No search results are found."
     engine_timeout: float = 600.0
     engine_retries: int = 2
     search_snippet_only: bool = True
     serper_url: str = "https://google.serper.dev/search"
     serper_cache: str | None = None
     serper_replay_only: bool = False
+    serper_budget_calls: int | None = None
+    serper_budget_usd: float | None = None
+    serper_usd_per_call: float = 0.001
+    serper_at_budget: str = "stop"
+    serper_ledger: str | None = None
+    page_access: bool = False
+    access_url: str | None = None
+    max_page_tokens: int = 1024
     max_turns: int = 4
     max_obs_tokens: int = 500
     max_response_tokens: int = 4096
@@ -150,14 +217,38 @@ class SearchR1Config:
             raise ValueError(f"unknown --search-backend {self.search_backend!r}; valid: {', '.join(SEARCH_BACKENDS)}")
         if self.max_turns < 0 or self.max_obs_tokens < 0 or self.max_response_tokens <= 0:
             raise ValueError("--max-turns and --max-obs-tokens must be >= 0 and --max-response-tokens > 0")
-        if self.search_timeout <= 0 or self.search_retries < 0:
-            raise ValueError("--search-timeout must be > 0 and --search-retries >= 0")
+        if self.search_timeout <= 0 or (self.search_retries or 0) < 0 or self.search_retry_window < 0:
+            raise ValueError("--search-timeout must be > 0, --search-retries and --search-retry-window >= 0")
         if self.engine_timeout <= 0 or self.engine_retries < 0:
             raise ValueError("--engine-timeout must be > 0 and --engine-retries >= 0")
         if self.serper_replay_only and not self.serper_cache:
             raise ValueError("--serper-replay-only needs --serper-cache: the answers are replayed from it")
         if self.max_turns == 0 and not self.final_turn:
             raise ValueError("--max-turns 0 with --no-final-turn leaves no turn to generate in")
+        if self.page_access and self.search_backend != "local":
+            raise ValueError("--page-access reads pages from the local retriever's /access: use --search-backend local")
+        budget = self.serper_budget()  # its own checks
+        if budget.limited and budget.at_budget == "replay" and not self.serper_cache:
+            raise ValueError("--serper-at-budget replay answers from --serper-cache: give one")
+
+    @property
+    def page_access_url(self) -> str:
+        """--access-url, else the /access endpoint beside --search-url."""
+        if self.access_url:
+            return self.access_url
+        base = self.search_url[: -len("/retrieve")] if self.search_url.endswith("/retrieve") else self.search_url
+        return base.rstrip("/") + "/access"
+
+    def serper_budget(self):
+        from slime_search.search_r1.serper_budget import SerperBudget
+
+        return SerperBudget(
+            self.serper_budget_calls,
+            self.serper_budget_usd,
+            self.serper_usd_per_call,
+            self.serper_at_budget,
+            self.serper_ledger,
+        )
 
     @classmethod
     def from_args(cls, args: Any) -> SearchR1Config:
@@ -168,6 +259,10 @@ class SearchR1Config:
             raise ValueError("no tokenizer: set --hf-checkpoint (an HF folder with the tokenizer)")
         names = [f.name for f in fields(cls) if f.name not in ("engine_urls", "tokenizer_path")]
         settings = flags_from(args, names)
+        if not settings["serper_ledger"] and getattr(args, "save", None):
+            from slime_search.search_r1.serper_budget import LEDGER_NAME
+
+            settings["serper_ledger"] = str(Path(args.save) / LEDGER_NAME)  # one budget for the run, kept on resume
         return cls(engine_urls=engine_addresses(args), tokenizer_path=str(tokenizer_path), **settings)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from slime_search.engines.client import EngineError
 from slime_search.engines.pool import EnginePool, PoolConfig
 from slime_search.search_r1.config import PerRollout, SearchR1Config, flags_from
-from slime_search.search_r1.preflight import check_retriever, check_serper
+from slime_search.search_r1.preflight import check_page_access, check_retriever, check_serper
 from slime_search.search_r1.search_clients import (
     LocalSearchClient,
     LocalSearchConfig,
@@ -31,10 +31,12 @@ from slime_search.search_r1.search_clients import (
     SerperConfig,
     format_observation,
 )
+from slime_search.search_r1.serper_budget import BudgetSpent
 from slime_search.types import Sample, Status
 
-STOP_STRINGS = ("</search>", "</answer>")
-_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+ACTIONS = ("search", "answer")  # Search-R1's; --page-access adds "access"
+# ASearcher's observation for a page its server does not hold.
+PAGE_NOT_FOUND = "No More Information is Found for this URL."
 # Search-R1's message after a turn with neither a search nor an answer.
 INVALID_ACTION = (
     "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
@@ -42,32 +44,56 @@ INVALID_ACTION = (
 )
 
 
-def parse_action(text: str) -> tuple[str | None, str]:
-    """The first complete <search>/<answer> block of a turn: ("search" | "answer" | None, its stripped content)."""
-    match = _ACTION.search(text)
+def action_tags(config: SearchR1Config) -> tuple[str, ...]:
+    return (*ACTIONS, "access") if config.page_access else ACTIONS
+
+
+@functools.lru_cache(maxsize=4)
+def _action_pattern(tags: tuple[str, ...]) -> re.Pattern:
+    return re.compile(rf"<({'|'.join(tags)})>(.*?)</\1>", re.DOTALL)
+
+
+def parse_action(text: str, tags: tuple[str, ...] = ACTIONS) -> tuple[str | None, str]:
+    """The first complete action block of a turn (<search>, <answer>, and <access> with page access): (its tag or
+    None, its stripped content)."""
+    match = _action_pattern(tags).search(text)
     return (match.group(1), match.group(2).strip()) if match else (None, "")
 
 
 OBS_OPEN, OBS_CLOSE = "\n\n<information>", "</information>\n\n"
 
 
-def observation_text(docs: list[dict]) -> str:
-    return f"{OBS_OPEN}{format_observation(docs).strip()}{OBS_CLOSE}"
+def observation_body(docs: list[dict], empty_text: str = "", with_urls: bool = False) -> str:
+    """The passages as Search-R1 writes them; `empty_text` for a search that found nothing (Search-R1, local and
+    web alike, leaves the block empty); `with_urls` names each passage's page (page access on)."""
+    return format_observation(docs, with_urls).strip() or empty_text
 
 
-def observation_ids(tokenizer, docs: list[dict], cap: int) -> tuple[list[int], bool]:
+def observation_text(docs: list[dict], empty_text: str = "", with_urls: bool = False) -> str:
+    return f"{OBS_OPEN}{observation_body(docs, empty_text, with_urls)}{OBS_CLOSE}"
+
+
+def page_ids(tokenizer, page: dict | None, cap: int) -> tuple[list[int], bool]:
+    """An accessed page as an observation of at most `cap` tokens, cut inside its <information> block; ASearcher's
+    message for a page the server does not hold."""
+    return observation_ids(tokenizer, [], cap, page["contents"] if page is not None else PAGE_NOT_FOUND)
+
+
+def observation_ids(
+    tokenizer, docs: list[dict], cap: int, empty_text: str = "", with_urls: bool = False
+) -> tuple[list[int], bool]:
     """Token ids of the observation, at most `cap` of them; returns (ids, truncated).
 
     Over the cap, the passages are cut and the <information> tags kept, so the policy always sees (and is scored
     on) a well-formed block; cutting the whole string, as Search-R1 does, drops the closing tag and makes the
     trajectory fail the format check through no fault of the policy.
     """
-    ids = tokenizer.encode(observation_text(docs), add_special_tokens=False)
+    ids = tokenizer.encode(observation_text(docs, empty_text, with_urls), add_special_tokens=False)
     if len(ids) <= cap:
         return ids, False
     open_ids = tokenizer.encode(OBS_OPEN, add_special_tokens=False)
     close_ids = tokenizer.encode(OBS_CLOSE, add_special_tokens=False)
-    body = tokenizer.encode(format_observation(docs).strip(), add_special_tokens=False)
+    body = tokenizer.encode(observation_body(docs, empty_text, with_urls), add_special_tokens=False)
     room = cap - len(open_ids) - len(close_ids)
     if room <= 0:
         return ids[:cap], True
@@ -101,10 +127,20 @@ class _Resources:
 
     @classmethod
     def open(cls, config: SearchR1Config) -> _Resources:
-        bounds = {"timeout_s": config.search_timeout, "retries": config.search_retries}
         if config.search_backend == "local":
-            search = LocalSearchClient(LocalSearchConfig(url=config.search_url, topk=config.search_topk, **bounds))
+            local = LocalSearchConfig(
+                url=config.search_url,
+                topk=config.search_topk,
+                timeout_s=config.search_timeout,
+                retry_window_s=config.search_retry_window,
+                retries=config.search_retries,
+            )
+            search = LocalSearchClient(local)
         else:
+            bounds = {
+                "timeout_s": config.search_timeout,
+                "retries": 3 if config.search_retries is None else config.search_retries,
+            }
             serper = SerperConfig(
                 endpoint=config.serper_url,
                 topk=config.search_topk,
@@ -113,7 +149,7 @@ class _Resources:
                 replay_only=config.serper_replay_only,
                 **bounds,
             )
-            search = SerperClient(serper)
+            search = SerperClient(serper, budget=config.serper_budget())
         return cls(
             EnginePool(
                 list(config.engine_urls), PoolConfig(timeout_s=config.engine_timeout, retries=config.engine_retries)
@@ -178,6 +214,8 @@ def preflight(args: Any) -> None:
     timeout_s = flags_from(args, ["search_preflight_timeout"])["search_preflight_timeout"]
     if timeout_s > 0:
         check_retriever(config.search_url, timeout_s)
+        if config.page_access:
+            check_page_access(config.page_access_url, timeout_s)
 
 
 def search_endpoint(config: SearchR1Config) -> str:
@@ -196,10 +234,10 @@ def prompt_ids(sample: Sample, tokenizer, apply_chat_template: bool) -> list[int
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _turn_sampling_params(sampling_params: dict, remaining: int) -> dict:
+def _turn_sampling_params(sampling_params: dict, remaining: int, tags: tuple[str, ...] = ACTIONS) -> dict:
     params = dict(sampling_params)
     params["max_new_tokens"] = min(int(params.get("max_new_tokens", remaining)), remaining)
-    params["stop"] = list(dict.fromkeys([*(params.get("stop") or []), *STOP_STRINGS]))
+    params["stop"] = list(dict.fromkeys([*(params.get("stop") or []), *(f"</{tag}>" for tag in tags)]))
     params["no_stop_trim"] = True  # the stop tag is part of what the policy generated and is trained on
     return params
 
@@ -229,9 +267,9 @@ class Turn:
     end_token: bool  # EOS (or another stop token) ended the turn and is its last id
 
 
-def first_closing_tag_end(text: str) -> int | None:
-    """Index just past the first `</search>` or `</answer>` in `text`, if any."""
-    ends = [i + len(tag) for tag in STOP_STRINGS if (i := text.find(tag)) >= 0]
+def first_closing_tag_end(text: str, tags: tuple[str, ...] = ACTIONS) -> int | None:
+    """Index just past the first closing action tag (`</search>`, `</answer>`, ...) in `text`, if any."""
+    ends = [i + len(closing) for closing in (f"</{t}>" for t in tags) if (i := text.find(closing)) >= 0]
     return min(ends) if ends else None
 
 
@@ -253,20 +291,22 @@ def output_versions(meta: dict, count: int) -> list[int]:
     return versions
 
 
-def read_turn(tokenizer, ids: list[int], log_probs: list[float], finish_reason: dict, versions=None) -> Turn:
+def read_turn(
+    tokenizer, ids: list[int], log_probs: list[float], finish_reason: dict, versions=None, tags=ACTIONS
+) -> Turn:
     """The turn's tokens up to the one that completes its first closing tag (engines stop there already: this only
     trims an engine that ignored the stop strings) and the text Search-R1 would read of them."""
     versions = list(versions) if versions is not None else [-1] * len(ids)
     text = tokenizer.decode(ids, skip_special_tokens=True)
-    tag_end = first_closing_tag_end(text)
+    tag_end = first_closing_tag_end(text, tags)
     if tag_end is not None:
         keep = len(ids)
-        while keep > 1 and first_closing_tag_end(tokenizer.decode(ids[: keep - 1], skip_special_tokens=True)):
+        while keep > 1 and first_closing_tag_end(tokenizer.decode(ids[: keep - 1], skip_special_tokens=True), tags):
             keep -= 1
         ids, log_probs, versions, text = ids[:keep], log_probs[:keep], versions[:keep], text[:tag_end]
     matched = finish_reason.get("matched")
     end_token = isinstance(matched, int) and bool(ids) and ids[-1] == matched
-    action, content = parse_action(text)
+    action, content = parse_action(text, tags)
     return Turn(ids, log_probs, versions, text, action, content, end_token)
 
 
@@ -284,6 +324,9 @@ async def run_trajectory(
     sample.tokens = prompt_ids(sample, tokenizer, config.apply_chat_template)
     metrics = {"turns": 0, "searches": 0, "invalid_actions": 0, "obs_truncations": 0, "search_latency_s": 0.0}
     metrics.update(search_billed=0, search_cache_hits=0)  # web search: billed API calls, answers from a cache
+    metrics.update(search_empty=0)  # searches that found nothing (--empty-search-text is what the policy reads)
+    metrics.update(accesses=0, access_missing=0)  # --page-access: pages read, and asked for but not held
+    tags = action_tags(config)
     sample.status = Status.COMPLETED
     finish = "stop"
     route = res.engines.route()  # this trajectory's engine: kept across turns (prefix cache), moved on a fault
@@ -295,7 +338,7 @@ async def run_trajectory(
             break
         try:
             async with res.generation_slots:
-                params = _turn_sampling_params(sampling_params, remaining)
+                params = _turn_sampling_params(sampling_params, remaining, tags)
                 out = await route.generate(params, sample.tokens)
         except EngineError as err:  # the engine is gone or failing: this trajectory is lost, not the rollout
             sample.status, finish = Status.ABORTED, "engine_error"
@@ -305,7 +348,7 @@ async def run_trajectory(
         reason = meta["finish_reason"]
         log_probs = [float(lp) for lp, _, _ in meta["output_token_logprobs"]]
         ids = [int(i) for i in out["output_ids"]]
-        turn = read_turn(tokenizer, ids, log_probs, reason, output_versions(meta, len(ids)))
+        turn = read_turn(tokenizer, ids, log_probs, reason, output_versions(meta, len(ids)), tags)
         final = turn_index >= config.max_turns  # the answer-only turn: no more searches
         goes_on = turn.action is None and not final and not config.end_on_no_action and reason["type"] != "abort"
         if goes_on:
@@ -335,6 +378,10 @@ async def run_trajectory(
             try:
                 async with res.search_slots:
                     docs, origin = await res.search.search_with_origin(turn.content)
+            except BudgetSpent as err:  # the run's web-search budget: the run is asked to stop (health guard)
+                sample.status, finish = Status.FAILED, "stop_run"
+                sample.metadata["error"] = str(err)
+                break
             except SearchError as err:
                 sample.status, finish = Status.FAILED, "search_error"
                 sample.metadata["error"] = f"{search_endpoint(config)}: {err}"  # which retriever failed, by address
@@ -344,7 +391,22 @@ async def run_trajectory(
             metrics["searches"] += 1
             metrics["search_billed"] += int(origin == "api")
             metrics["search_cache_hits"] += int(origin == "cache")
-            obs_ids, truncated = observation_ids(tokenizer, docs, config.max_obs_tokens)
+            metrics["search_empty"] += int(not docs)
+            obs_ids, truncated = observation_ids(
+                tokenizer, docs, config.max_obs_tokens, config.empty_search_text, config.page_access
+            )
+            metrics["obs_truncations"] += int(truncated)
+        elif turn.action == "access":
+            try:
+                async with res.search_slots:
+                    page = await res.search.access(turn.content, config.page_access_url)
+            except SearchError as err:
+                sample.status, finish = Status.FAILED, "search_error"
+                sample.metadata["error"] = f"{config.page_access_url}: {err}"
+                break
+            metrics["accesses"] += 1
+            metrics["access_missing"] += int(page is None)
+            obs_ids, truncated = page_ids(tokenizer, page, config.max_page_tokens)
             metrics["obs_truncations"] += int(truncated)
         else:  # neither search nor answer (EOS, token limit, or a stray tag): Search-R1's message and another turn
             metrics["invalid_actions"] += 1
@@ -353,6 +415,7 @@ async def run_trajectory(
         sample.append_response_tokens(obs_ids, generated=False, text=tokenizer.decode(obs_ids))
     else:
         finish = "max_turns"
+    metrics["search_cost_usd"] = metrics["search_billed"] * config.serper_usd_per_call
     sample.metrics.update(metrics, response_tokens=sample.response_length, engine_failovers=route.failovers)
     sample.metadata["finish_reason"] = finish
     sample.check_alignment()

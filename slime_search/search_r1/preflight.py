@@ -60,3 +60,18 @@ def check_serper(cache_path: str | None, replay_only: bool) -> None:
             f"--search-backend serper needs an API key in the environment variable {key_env} (or "
             "--serper-replay-only with a --serper-cache file)"
         )
+
+
+def check_page_access(url: str, timeout_s: float) -> None:
+    """POST one URL to the /access endpoint `url` (--page-access): RuntimeError when it is not there to answer."""
+    import httpx
+
+    try:
+        response = httpx.post(url, json={"urls": ["preflight"]}, timeout=timeout_s, trust_env=False)
+    except (httpx.HTTPError, httpx.InvalidURL) as err:
+        raise RuntimeError(f"--page-access: cannot reach {url} ({type(err).__name__}: {err})") from None
+    if response.status_code != 200:
+        raise RuntimeError(
+            f"--page-access: {url} answered HTTP {response.status_code} ({response.text[:200]!r}); start the "
+            "retriever with --pages-path, or set --access-url"
+        )

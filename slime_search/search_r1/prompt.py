@@ -14,7 +14,14 @@ BASE_TEMPLATE = (
     "If you find no further external knowledge needed, you can directly provide the answer inside <answer> and "
     "</answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
 )
-TEMPLATES = {"base": BASE_TEMPLATE}
+# Search-R1's template with ASearcher's page-access sentence, for --page-access (an <access> action).
+ACCESS_TEMPLATE = BASE_TEMPLATE.replace(
+    "You can search as many times as your want. ",
+    "You can search as many times as your want. "
+    "You can read a whole page by <access> url </access>, with a url shown in brackets after a searched document's "
+    "title, and its text will be returned between <information> and </information>. ",
+)
+TEMPLATES = {"base": BASE_TEMPLATE, "access": ACCESS_TEMPLATE}
 
 
 def normalize_question(question: str) -> str:

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -24,13 +25,17 @@ class SearchError(RuntimeError):
     """A search that failed for good (after retries)."""
 
 
-def format_observation(docs: list[dict]) -> str:
-    """Search-R1's `_passages2string`: "Doc i(Title: t) text" per document, one per line."""
+def format_observation(docs: list[dict], with_urls: bool = False) -> str:
+    """Search-R1's `_passages2string`: "Doc i(Title: t) text" per document, one per line. `with_urls` (page access
+    on) adds each document's page address, "Doc i(Title: t)[url] text", for the policy to access."""
     lines = []
     for i, doc in enumerate(docs, 1):
-        contents = doc.get("document", doc)["contents"]
-        title, _, text = contents.partition("\n")
-        lines.append(f"Doc {i}(Title: {title}) {text}\n")
+        inner = doc.get("document", doc)
+        title, _, text = inner["contents"].partition("\n")
+        url = inner.get("url") if with_urls else None
+        lines.append(
+            f"Doc {i}(Title: {title})[{url}] {text}\n" if isinstance(url, str) else f"Doc {i}(Title: {title}) {text}\n"
+        )
     return "".join(lines)
 
 
@@ -46,16 +51,29 @@ class LocalSearchConfig:
     max_batch: int = 64  # queries per coalesced request
     window_ms: float = 5.0  # how long a query waits for company
     timeout_s: float = 60.0  # one HTTP attempt
-    retries: int = 3
-    backoff_base_s: float = 0.2
-    backoff_cap_s: float = 5.0
+    retry_window_s: float = 30.0  # retries go on while this much time has not passed since the first attempt
+    retries: int | None = None  # at most this many retries as well (None: as many as the window allows)
+    backoff_base_s: float = 0.25
+    backoff_cap_s: float = 4.0
 
     @property
     def deadline_s(self) -> float:
-        """The longest a search can take: every attempt timing out, with the longest backoff between them, plus the
-        split into single-query requests after a refused batch (one more round of attempts)."""
-        attempts = self.retries + 1
-        return 2 * (attempts * self.timeout_s + self.retries * self.backoff_cap_s) + 1.0
+        """The longest a search can take: retries for the whole window, the last attempt timing out, and that
+        once more for the split into single-query requests after a refused batch."""
+        return 2 * (self.retry_window_s + self.timeout_s) + 1.0
+
+
+def retry_pause(
+    attempt: int, retry_after_s: float, elapsed_s: float, config: LocalSearchConfig, rng: random.Random
+) -> float | None:
+    """Seconds to wait before retry `attempt` (0-based): jittered exponential backoff, at least the server's
+    Retry-After; None when the retry would start after the window (or past the retry count): give up."""
+    if config.retries is not None and attempt >= config.retries:
+        return None
+    pause = max(retry_after_s, backoff_delay(attempt, config.backoff_base_s, config.backoff_cap_s, rng))
+    if elapsed_s + pause > config.retry_window_s:
+        return None
+    return pause
 
 
 def documents_of(hits: object) -> list[dict]:
@@ -178,20 +196,42 @@ class LocalSearchClient:
                 answers.append(err)
         return answers
 
-    async def _post_with_retries(self, queries: list[str]) -> object:
+    async def access(self, url: str, access_url: str) -> dict | None:
+        """The page at `url` from the retriever's /access endpoint `access_url` (ASearcher's form: {"urls": [url]} ->
+        {"result": [page or null]}); None for a page the server does not hold. SearchError when it fails."""
+        body = await self._post_with_retries({"urls": [url]}, access_url)
+        result = body.get("result") if isinstance(body, dict) else None
+        if not isinstance(result, list) or len(result) != 1:
+            raise SearchError(f"page access answered {str(body)[:120]!r}, not one result for one url")
+        page = result[0]
+        if page is not None and not (isinstance(page, dict) and isinstance(page.get("contents"), str)):
+            raise SearchError(f"page access answered a page without 'contents' text: {str(page)[:120]}")
+        return page
+
+    async def _post_with_retries(self, queries: list[str] | dict, url: str | None = None) -> object:
+        """The answer's JSON. Connection failures, timeouts, 5xx, 429 and 503 are retried with jittered backoff (at
+        least the server's Retry-After) for `retry_window_s`: long enough to ride out a retriever restart."""
         import aiohttp
 
-        payload = {"queries": queries, "topk": self.config.topk, "return_scores": True}
-        last = ""
-        for attempt in range(self.config.retries + 1):
-            if attempt:
-                await asyncio.sleep(
-                    backoff_delay(attempt - 1, self.config.backoff_base_s, self.config.backoff_cap_s, self._rng)
-                )
+        if isinstance(queries, dict):
+            payload = queries
+        else:
+            payload = {"queries": queries, "topk": self.config.topk, "return_scores": True}
+        url = url or self.config.url
+        last, attempts, retry_after = "", 0, 0.0
+        started = time.monotonic()
+        while True:
+            if attempts:
+                pause = retry_pause(attempts - 1, retry_after, time.monotonic() - started, self.config, self._rng)
+                if pause is None:
+                    break
+                await asyncio.sleep(pause)
+            attempts += 1
+            retry_after = 0.0
             try:
                 session = await self._get_session()
                 self.requests_sent += 1
-                async with session.post(self.config.url, json=payload) as response:
+                async with session.post(url, json=payload) as response:
                     text = await response.text(errors="replace")
                     if response.status == 200:
                         try:
@@ -201,11 +241,14 @@ class LocalSearchClient:
                                 f"retriever answered 200 with a body that is not JSON: {text[:120]!r}"
                             ) from None
                     last = f"HTTP {response.status}: {text[:200]}"
-                    if 400 <= response.status < 500 and response.status != 429:
+                    if response.status in (429, 503):
+                        retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+                    elif 400 <= response.status < 500:
                         raise _Refused(f"retriever rejected the request: {last}")
             except (TimeoutError, aiohttp.ClientError) as err:
                 last = f"{type(err).__name__}: {err}"
-        raise SearchError(f"search failed after {self.config.retries + 1} attempts: {last}")
+        seconds = time.monotonic() - started
+        raise SearchError(f"search failed after {attempts} attempts over {seconds:.1f} s: {last}")
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
@@ -311,7 +354,8 @@ class SerperClient:
     """Serper web search; the API key is read from the environment and never logged or put in errors. Answers are
     kept in memory and, with `cache_path`, in a SQLite cache that later runs (and replay-only evaluation) read."""
 
-    def __init__(self, config: SerperConfig, seed: int = 0):
+    def __init__(self, config: SerperConfig, seed: int = 0, budget=None):
+        """`budget`: a serper_budget.SerperBudget capping the run's billed calls (None: no cap)."""
         from slime_search.search_r1.serper_cache import CacheSettings, SerperCache
 
         self.config = config
@@ -325,6 +369,12 @@ class SerperClient:
         self._settings = CacheSettings(config.endpoint, config.topk, config.snippet_only)
         self._rng = random.Random(seed)
         self._session = None
+        self.budget = budget if budget is not None and budget.limited else None
+        self._ledger = None
+        if self.budget is not None:
+            from slime_search.search_r1.serper_budget import SpendLedger
+
+            self._ledger = SpendLedger(self.budget.ledger_path)
 
     async def _get_session(self):
         import aiohttp
@@ -332,6 +382,19 @@ class SerperClient:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.timeout_s))
         return self._session
+
+    async def _reserve_call(self, query: str) -> None:
+        """One billed call from the run's budget; at the cap, BudgetSpent (stop) or a SearchError (replay)."""
+        if self._ledger is None:
+            return
+        if await asyncio.to_thread(self._ledger.reserve, self.budget.call_cap):
+            return
+        from slime_search.search_r1.serper_budget import BudgetSpent
+
+        spent = f"the web-search budget is spent ({self.budget.describe()}: {self.budget.call_cap} billed calls)"
+        if self.budget.at_budget == "replay":
+            raise SearchError(f"not in the Serper cache {self.config.cache_path} and {spent}: {query[:80]!r}")
+        raise BudgetSpent(f"{spent}; the run stops here (--serper-at-budget replay goes on from --serper-cache)")
 
     async def search(self, query: str) -> list[dict]:
         return (await self.search_with_origin(query))[0]
@@ -353,9 +416,15 @@ class SerperClient:
                 return stored, "cache"
         if self.config.replay_only:
             raise SearchError(f"not in the Serper cache {self.config.cache_path} (replay-only): {query[:80]!r}")
-        async with self._semaphore:
-            items = (await self._query_with_retries(query))[: self.config.topk]
-            docs = await self._documents(items)
+        await self._reserve_call(query)
+        try:
+            async with self._semaphore:
+                items = (await self._query_with_retries(query))[: self.config.topk]
+                docs = await self._documents(items)
+        except BaseException:
+            if self._ledger is not None:  # no answer, so not billed: the call goes back to the budget
+                await asyncio.to_thread(self._ledger.release)
+            raise
         if self._store is not None:
             await asyncio.to_thread(self._store_answer, query, docs)
         self._remember(key, docs)

@@ -64,6 +64,13 @@ def test_a_step_whose_searches_failed_is_skipped_and_skips_in_a_row_stop_the_run
     assert HealthGuard(HealthConfig()).check_rollout(0, rollout(search_calls=100, search_failures=3), {}) == []
 
 
+def test_a_plugin_asking_the_run_to_stop_stops_it_with_its_message_guard_on_or_off():
+    message = "the web-search budget is spent (--serper-budget-calls 2: 2 billed calls); the run stops here"
+    for config in (HealthConfig(), HealthConfig(enabled=False)):
+        [event] = HealthGuard(config).check_rollout(4, rollout(trainable=60), {"stop_run": message})
+        assert event.action == "stop" and event.rule == "stop_run" and event.message == f"step 4: {message}"
+
+
 def test_a_rollout_with_nothing_to_train_is_skipped_with_its_cause():
     guard = HealthGuard(HealthConfig())
     [event] = guard.check_rollout(0, rollout(trainable=0), {"engine_error": "engine http://e:1 refused"})

@@ -1,6 +1,7 @@
 """The async learning benchmark's wide evaluation judges each run as the run script's own evals do: the same task,
 the same search settings; and its replica table's arithmetic."""
 
+import json
 import re
 import shlex
 
@@ -97,3 +98,41 @@ def test_wide_eval_reads_the_eval_tools_metrics_once_written(tmp_path):
         "wide_em": 0.85,
         "wide_n": 600.0,
     }
+
+
+def test_extra_args_reach_every_run_after_the_modes_own_flags():
+    assert bench_async.run_flags("off", 2, 0, 0, "--save-interval 2") == "--async-mode off --save-interval 2"
+    flags = bench_async.run_flags("fully", 2, 1, 3, "--no-health-guard").split()
+    assert flags[-1] == "--no-health-guard" and flags[flags.index("--seed") + 1] == "3001"
+
+
+def test_a_run_the_guard_stopped_is_a_result_evaluated_on_its_last_saved_weights(tmp_path):
+    run = tmp_path / "rl-fully"
+    for step in (2, 10, 4):
+        (run / "weights" / f"step_{step}").mkdir(parents=True)
+    assert not bench_async.stopped(run)
+    arguments = bench_async.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
+    assert arguments[arguments.index("--hf-checkpoint") + 1] == str(run / "weights" / "step_20")
+    events = [{"step": 3, "action": "warn"}, {"step": 5, "action": "rollback"}, {"step": 10, "action": "stop"}]
+    (run / "health.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert bench_async.stopped(run)
+    arguments = bench_async.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
+    assert arguments[arguments.index("--hf-checkpoint") + 1] == str(run / "weights" / "step_10")  # not step_4
+    assert bench_async.health_summary(run) == {"rollbacks": 1, "warnings": 1, "stopped": 1.0}
+    with pytest.raises(FileNotFoundError, match="no weights"):
+        bench_async.final_weights(tmp_path / "empty")
+
+
+def test_the_health_table_counts_runs_ending_below_their_seeds_synchronous_mean():
+    assert bench_async.deepest_dip([0.1, 0.8, 0.5, 0.9, 0.85]) == pytest.approx(0.3)
+    assert bench_async.deepest_dip([0.1, 0.2, 0.3]) == 0.0
+
+    def run(wide_em, curve=(0.1, 0.8), rollbacks=0, stopped=0.0):
+        return {"wide_em": wide_em, "em_curve": list(curve), "rollbacks": rollbacks, "warnings": 2, "stopped": stopped}
+
+    runs = {(0, "off", 0): run(0.90), (0, "off", 1): run(0.80), (0, "fully", 0): run(0.79, (0.1, 0.8, 0.0), 1, 1.0)}
+    runs[(0, "fully", 1)] = run(0.81)
+    text = bench_async.health_table(runs, [0], 2, ["off", "fully"])
+    assert "| 0 | fully | 0 | 0.790 | -0.060 | 0.800 | 1 | 2 | yes |" in text
+    assert "| 0 | fully | 1 | 0.810 | -0.040 | 0.000 | 0 | 2 | no |" in text
+    assert "1 of 4 runs ended more than 0.05 below" in text  # the off run at 0.80 is 0.05 below its mean: not counted

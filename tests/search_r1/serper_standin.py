@@ -3,8 +3,8 @@
     python tests/search_r1/serper_standin.py --port 0 --api-key KEY
 
 POST /search answers Serper-shaped JSON for known queries; the query "busy" gets a 429 with Retry-After on its
-first call, "redirect" a 307 to /capture under another origin (localhost), "garbled" a 200 that is not JSON, "odd"
-results with missing and non-text fields. GET /page/{name} serves HTML pages in various encodings; /page/slow never
+first call, "redirect" a 307 to /capture under another origin (localhost), "garbled" a 200 that is not JSON,
+"nothing" no results, "down" a 500, "odd" results with missing and non-text fields. GET /page/{name} serves HTML pages in various encodings; /page/slow never
 answers in time. /capture records the headers it received (GET /captured lists them).
 
 POST /retrieve is a retriever that misbehaves on cue, for the local search client: a request holding the query
@@ -113,6 +113,10 @@ def build_app(api_key: str):
             return Response(status_code=307, headers={"Location": target})
         if query == "garbled":
             return Response(content=b"<html>upstream error</html>", media_type="text/html")
+        if query == "nothing":  # Serper's answer to a query it found nothing for
+            return {"searchParameters": {"q": query}, "organic": []}
+        if query == "down":
+            return JSONResponse({"message": "upstream unavailable"}, status_code=500)
         if query == "odd":
             organic = ["not an object", {"title": None, "snippet": 5}, {"title": "Fine", "snippet": "kept as it is"}]
             return {"organic": organic}

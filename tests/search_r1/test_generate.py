@@ -11,7 +11,7 @@ from local_dense_retriever.launch import RetrievalServerProcess
 from slime_search.search_r1.config import search_r1_args
 from slime_search.search_r1.generate import INVALID_ACTION, close_resources, generate, parse_action
 from slime_search.search_r1.prompt import make_prompt
-from slime_search.search_r1.reward import reward_func
+from slime_search.search_r1.reward import qa_em_format_score, reward_config_from_args, reward_func
 from slime_search.types import Sample, Status
 from slime_search.utils.server_process import ServerProcess
 from tests.retriever_helpers import write_tiny_corpus
@@ -37,6 +37,7 @@ SCRIPT = {
     ],
     "teal newt": ["<think> a<|im_start|> b </think>\n<answer> valley 54 </answer>"],
     "olive toad": ["<search> olive </answer> toad </search>", "<answer> valley 54 </answer>"],
+    "gold eagle": ["<think> I know it </think>\n<answer> valley 54 </answer> <search> gold eagle </search>"],
     "black bison": ["<think> " + "very long thinking " * 40 + "</think>\n<answer> x </answer>"],
     "white crane": ["<think> nothing to ask </think>\n<search> </search>", "<answer> valley 3 </answer>"],
     "grey mole": ["<search> no-contents </search>", "<answer> valley 3 </answer>"],
@@ -253,20 +254,39 @@ def test_the_first_closing_tag_ends_the_turn(servers, tiny_checkpoint):
     assert sample.metadata["finish_reason"] == "answer"
 
 
+def test_an_answer_then_a_search_in_one_turn_ends_at_the_answer(servers, tiny_checkpoint):
+    """`<answer> ... </answer> <search> ... </search>` in one turn: the engine stops at the first closing tag, so the
+    trajectory answers and the search is never generated (reward 1.0 on v0.3's format rule). Search-R1 generates the
+    whole turn and cuts after `</search>`: it trains on both and scores the response 0.8 (malformed, right answer)."""
+    v03 = search_r1_args(structure_format_score=0.2, final_format_score=0.1)
+    sample = run(make_args(servers, tiny_checkpoint), "Where does the gold eagle live")
+    assert sample.response.endswith("<answer> valley 54 </answer>") and "<search>" not in sample.response
+    assert sample.metadata["finish_reason"] == "answer" and sample.metrics["searches"] == 0
+    assert asyncio.run(reward_func(v03, sample))["score"] == 1.0
+    whole_turn = SCRIPT["gold eagle"][0]
+    search_r1_cut = whole_turn.split("</search>")[0] + "</search>"  # generation.py's _postprocess_responses
+    assert search_r1_cut == whole_turn
+    search_r1_score = qa_em_format_score(search_r1_cut, ["valley 54"], reward_config_from_args(v03)).score
+    assert search_r1_score == pytest.approx(0.8)
+
+
 def test_search_failure_marks_the_sample_failed(servers, tiny_checkpoint):
     sample = run(
-        make_args(servers, tiny_checkpoint, search_url="http://127.0.0.1:9/retrieve"),
+        make_args(servers, tiny_checkpoint, search_url="http://127.0.0.1:9/retrieve", search_retry_window=0.5),
         "Where does the silver walrus live",
     )
     assert sample.status is Status.FAILED and not sample.trainable
-    assert sample.metadata["finish_reason"] == "search_error" and "after 4 attempts" in sample.metadata["error"]
+    assert sample.metadata["finish_reason"] == "search_error" and "attempts over" in sample.metadata["error"]
     assert "<information>" not in sample.response  # never trained on an empty observation
 
 
-def test_a_blank_query_gets_an_empty_observation_and_the_trajectory_goes_on(servers, tiny_checkpoint):
-    sample = run(make_args(servers, tiny_checkpoint), "Where does the white crane live")
+def test_a_search_that_finds_nothing_says_so_and_the_trajectory_goes_on(servers, tiny_checkpoint):
+    sample = run(make_args(servers, tiny_checkpoint), "Where does the white crane live")  # a blank query
     assert sample.status is Status.COMPLETED and sample.metadata["finish_reason"] == "answer"
-    assert sample.metrics["searches"] == 1 and "<information></information>" in sample.response
+    assert sample.metrics["searches"] == 1 and sample.metrics["search_empty"] == 1
+    assert "<information>No search results are found.</information>" in sample.response
+    as_search_r1 = run(make_args(servers, tiny_checkpoint, empty_search_text=""), "Where does the white crane live")
+    assert "<information></information>" in as_search_r1.response
 
 
 def test_malformed_documents_fail_the_sample_not_the_rollout(servers, tiny_checkpoint):

@@ -148,7 +148,7 @@ def test_a_search_that_gets_no_answer_fails_at_its_deadline():
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/retrieve"
-        config = {"timeout_s": 0.2, "retries": 1, "backoff_cap_s": 0.05}
+        config = {"timeout_s": 0.2, "retry_window_s": 0.5, "backoff_cap_s": 0.05}
         assert LocalSearchConfig(url, **config).deadline_s < 3
         (outcome,) = search_all(url, ["anything"], **config)
     assert isinstance(outcome, SearchError)
