@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from megatron_bridge import Qwen2Shape
+    from megatron_bridge import ModelShape
     from slime_search.backends.megatron import loss as loss_module
     from slime_search.backends.megatron.actor import ActorConfig, MegatronActor
     from slime_search.backends.megatron.distributed import init_megatron
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     init_megatron(0, 1, tp_size=1, master_port=free_port())
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    shape, options = Qwen2Shape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
+    shape, options = ModelShape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
     actors = {}
     for name, probe in (("with", args.probe_tokens), ("without", 0)):
         model = build_gpt_model(shape, options)

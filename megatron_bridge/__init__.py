@@ -1,7 +1,7 @@
-"""Hugging Face <-> Megatron-core weight mapping for the Qwen2 / Qwen2.5 family, with tensor-parallel sharding."""
+"""Hugging Face <-> Megatron-core weight mapping for Qwen2 / Qwen2.5 and Qwen3 (dense), with tensor-parallel sharding."""
 
-from megatron_bridge.qwen2 import (
-    Qwen2Shape,
+from megatron_bridge.qwen import (
+    ModelShape,
     gather_tensor_parallel,
     hf_to_megatron,
     iter_buckets,
@@ -13,7 +13,7 @@ from megatron_bridge.qwen2 import (
 )
 
 __all__ = [
-    "Qwen2Shape",
+    "ModelShape",
     "gather_tensor_parallel",
     "hf_to_megatron",
     "iter_buckets",

@@ -25,6 +25,14 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen2"))
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_checkpoint(tmp_path_factory) -> Path:
+    """A tiny random Qwen3 policy (no q/k/v bias, q/k RMSNorm, head size 32 != 64 / 4), saved as an HF checkpoint."""
+    from slime_search.models.tiny_qwen import TinyQwenConfig, save_tiny_checkpoint
+
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen3"), TinyQwenConfig(family="qwen3"))
+
+
 class SGLangEngine:
     """A real SGLang engine (CPU) shared by a test session; `reset()` gives it back the tiny checkpoint's weights at
     version "0" and closes a weight-update session a failed test may have left open."""

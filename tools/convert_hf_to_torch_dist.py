@@ -1,4 +1,4 @@
-"""Convert a Hugging Face Qwen2-family checkpoint into a Megatron torch_dist checkpoint.
+"""Convert a Hugging Face Qwen2 / Qwen3 (dense) checkpoint into a Megatron torch_dist checkpoint.
 
     source scripts/models/qwen2.5-3B.sh
     python tools/convert_hf_to_torch_dist.py "${MODEL_ARGS[@]}" --hf-checkpoint Qwen2.5-3B --save Qwen2.5-3B_torch_dist

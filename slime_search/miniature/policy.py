@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from slime_search.miniature.pretrain import PretrainConfig
-from slime_search.models.tiny_qwen import QWEN2_PATTERN, SPECIAL_TOKENS, TinyQwen2Config
+from slime_search.models.tiny_qwen import QWEN2_PATTERN, SPECIAL_TOKENS, TinyQwenConfig
 
 TAGS = ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>")
 
@@ -56,20 +56,20 @@ def build_tokenizer(texts: list[str], vocab_size: int):
 def build_policy(
     task_dir: str | Path,
     out: str | Path,
-    config: TinyQwen2Config,
+    config: TinyQwenConfig,
     vocab_size: int = 4096,
     pretrain: PretrainConfig | None = None,
 ) -> Path:
     """Tokenizer and Qwen2 model, randomly initialised, then (with `pretrain`) reading pre-training on the task's
     training entities."""
     from slime_search.miniature.pretrain import pretrain_on_task
-    from slime_search.models.tiny_qwen import build_tiny_qwen2
+    from slime_search.models.tiny_qwen import build_tiny_qwen
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(task_texts(Path(task_dir)), vocab_size)
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    model = build_tiny_qwen2(TinyQwen2Config(**{**config.__dict__, "vocab_size": len(tokenizer), "eos_token_id": eos}))
+    model = build_tiny_qwen(TinyQwenConfig(**{**config.__dict__, "vocab_size": len(tokenizer), "eos_token_id": eos}))
     model.config.pad_token_id = model.generation_config.pad_token_id = eos
     model.generation_config.eos_token_id = [eos, tokenizer.convert_tokens_to_ids("<|im_end|>")]  # as Qwen2.5
     if pretrain is not None and pretrain.steps > 0:
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pretrain-lr", type=float, default=PretrainConfig.lr)
     parser.add_argument("--pretrain-batch-size", type=int, default=PretrainConfig.batch_size)
     args = parser.parse_args(argv)
-    config = TinyQwen2Config(
+    config = TinyQwenConfig(
         hidden_size=args.hidden_size,
         num_layers=args.num_layers,
         num_heads=args.num_heads,

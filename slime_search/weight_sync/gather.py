@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from megatron_bridge import (
-    Qwen2Shape,
+    ModelShape,
     gather_tensor_parallel,
     iter_buckets,
     megatron_conversion_units,
@@ -35,7 +35,7 @@ def gather_full_megatron_state(local_state: dict[str, torch.Tensor]) -> dict[str
 
 
 def iter_hf_buckets(
-    local_state: dict[str, torch.Tensor], shape: Qwen2Shape, te_names: bool, bucket_bytes: int
+    local_state: dict[str, torch.Tensor], shape: ModelShape, te_names: bool, bucket_bytes: int
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """The full weights under HF names in buckets of about `bucket_bytes`, gathered and converted one unit (the
     embedding, a decoder layer, the head) at a time: a rank holds one bucket and one unit, never the whole model.

@@ -20,7 +20,7 @@ def release_ipc_memory() -> None:
 
 
 class WeightSyncRank:
-    """Needs `rank` (global rank), `actor` (MegatronActor) and `shape` (Qwen2Shape) from the class it is mixed into."""
+    """Needs `rank` (global rank), `actor` (MegatronActor) and `shape` (ModelShape) from the class it is mixed into."""
 
     broadcaster = None  # rank 0's WeightBroadcaster while connected
     _handle_buckets = None  # the tensor-handle stream of the push in progress

@@ -1,10 +1,10 @@
-"""HF <-> Megatron weight mapping for Qwen2: exact round trips, TP sharding, vocab padding, buckets."""
+"""HF <-> Megatron weight mapping for Qwen2 and Qwen3: exact round trips, TP sharding, vocab padding, buckets."""
 
 import pytest
 import torch
 
 from megatron_bridge import (
-    Qwen2Shape,
+    ModelShape,
     gather_tensor_parallel,
     hf_to_megatron,
     iter_buckets,
@@ -14,9 +14,9 @@ from megatron_bridge import (
     pad_vocab_size,
     shard_tensor_parallel,
 )
-from megatron_bridge.qwen2 import fuse_qkv, split_qkv
+from megatron_bridge.qwen import fuse_qkv, split_qkv
 
-SHAPE = Qwen2Shape(
+SHAPE = ModelShape(
     num_layers=2,
     hidden_size=16,
     num_heads=4,
@@ -25,9 +25,11 @@ SHAPE = Qwen2Shape(
     vocab_size=50,
     tie_word_embeddings=False,
 )
+# Qwen3: no q/k/v bias, q/k RMSNorm, a head size of its own (8 != 16 / 4, so q_proj is 32 x 16)
+QWEN3 = ModelShape(**{**SHAPE.__dict__, "qkv_bias": False, "qk_norm": True, "kv_channels": 8})
 
 
-def random_hf_state(shape: Qwen2Shape, seed: int = 0) -> dict:
+def random_hf_state(shape: ModelShape, seed: int = 0) -> dict:
     gen = torch.Generator().manual_seed(seed)
     h, hd, kv, f, v = shape.hidden_size, shape.head_dim, shape.num_kv_heads, shape.ffn_hidden_size, shape.vocab_size
     state = {
@@ -36,20 +38,26 @@ def random_hf_state(shape: Qwen2Shape, seed: int = 0) -> dict:
     }
     for i in range(shape.num_layers):
         p = f"model.layers.{i}."
+        q = shape.num_heads * hd
         sizes = {
             "input_layernorm.weight": (h,),
             "post_attention_layernorm.weight": (h,),
-            "self_attn.q_proj.weight": (h, h),
-            "self_attn.q_proj.bias": (h,),
+            "self_attn.q_proj.weight": (q, h),
             "self_attn.k_proj.weight": (kv * hd, h),
-            "self_attn.k_proj.bias": (kv * hd,),
             "self_attn.v_proj.weight": (kv * hd, h),
-            "self_attn.v_proj.bias": (kv * hd,),
-            "self_attn.o_proj.weight": (h, h),
+            "self_attn.o_proj.weight": (h, q),
             "mlp.gate_proj.weight": (f, h),
             "mlp.up_proj.weight": (f, h),
             "mlp.down_proj.weight": (h, f),
         }
+        if shape.qkv_bias:
+            sizes |= {
+                "self_attn.q_proj.bias": (q,),
+                "self_attn.k_proj.bias": (kv * hd,),
+                "self_attn.v_proj.bias": (kv * hd,),
+            }
+        if shape.qk_norm:
+            sizes |= {"self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,)}
         state.update({p + k: torch.randn(*s, generator=gen) for k, s in sizes.items()})
     state["lm_head.weight"] = (
         state["model.embed_tokens.weight"] if shape.tie_word_embeddings else torch.randn(v, h, generator=gen)
@@ -60,17 +68,18 @@ def random_hf_state(shape: Qwen2Shape, seed: int = 0) -> dict:
 def test_qkv_interleaving_by_query_group():
     # 4 heads in 2 groups, head_dim 1: q rows [q0 q1 q2 q3], k [k0 k1], v [v0 v1]
     # -> group 0: q0 q1 k0 v0, group 1: q2 q3 k1 v1
-    shape = Qwen2Shape(1, 4, 4, 2, 4, 8, True)
+    shape = ModelShape(1, 4, 4, 2, 4, 8, True)
     q, k, v = torch.tensor([0.0, 1, 2, 3]), torch.tensor([10.0, 11]), torch.tensor([20.0, 21])
     fused = fuse_qkv(q, k, v, shape)
     assert fused.tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
     assert [t.tolist() for t in split_qkv(fused, shape)] == [q.tolist(), k.tolist(), v.tolist()]
 
 
+@pytest.mark.parametrize("base", [SHAPE, QWEN3], ids=["qwen2", "qwen3"])
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("te_names", [False, True])
-def test_round_trip_is_bit_exact(tied, te_names):
-    shape = Qwen2Shape(**{**SHAPE.__dict__, "tie_word_embeddings": tied})
+def test_round_trip_is_bit_exact(base, tied, te_names):
+    shape = ModelShape(**{**base.__dict__, "tie_word_embeddings": tied})
     hf = random_hf_state(shape)
     padded = pad_vocab_size(shape.vocab_size, 16, 2)  # 50 -> 64
     mg = hf_to_megatron(hf, shape, padded, te_names=te_names)
@@ -78,10 +87,23 @@ def test_round_trip_is_bit_exact(tied, te_names):
     assert torch.all(mg["embedding.word_embeddings.weight"][50:] == 0)
     assert ("output_layer.weight" in mg) is not tied
     assert any("layer_norm_weight" in k for k in mg) is te_names
+    assert ("decoder.layers.1.self_attention.q_layernorm.weight" in mg) is shape.qk_norm
+    assert ("decoder.layers.1.self_attention.linear_qkv.bias" in mg) is shape.qkv_bias
     back = megatron_to_hf(mg, shape, te_names=te_names)
     assert back.keys() == hf.keys()
     for name, tensor in hf.items():
         assert torch.equal(back[name], tensor), name
+
+
+def test_qwen3_tensor_parallel_shards_keep_the_qk_norms_whole():
+    mg = hf_to_megatron(random_hf_state(QWEN3), QWEN3, pad_vocab_size(50, 16, 2))
+    shards = [shard_tensor_parallel(mg, QWEN3, 2, r) for r in range(2)]
+    qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
+    assert mg[qkv].shape == ((4 + 2 * 2) * 8, 16) and shards[1][qkv].shape == (32, 16)  # one group: 2 q, k, v
+    norm = "decoder.layers.0.self_attention.k_layernorm.weight"
+    assert all(torch.equal(shard[norm], mg[norm]) for shard in shards)  # per-head weights: every rank the same
+    gathered = gather_tensor_parallel(shards)
+    assert all(torch.equal(gathered[k], mg[k]) for k in mg)
 
 
 @pytest.mark.parametrize("tp", [2])
@@ -100,10 +122,11 @@ def test_tensor_parallel_shards_gather_back_exactly(tp):
         shard_tensor_parallel(mg, SHAPE, 3, 0)
 
 
+@pytest.mark.parametrize("base", [SHAPE, QWEN3], ids=["qwen2", "qwen3"])
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("te_names", [False, True])
-def test_unit_by_unit_conversion_equals_whole_model(tied, te_names):
-    shape = Qwen2Shape(**{**SHAPE.__dict__, "tie_word_embeddings": tied})
+def test_unit_by_unit_conversion_equals_whole_model(base, tied, te_names):
+    shape = ModelShape(**{**base.__dict__, "tie_word_embeddings": tied})
     mg = hf_to_megatron(random_hf_state(shape), shape, 64, te_names=te_names)
     units = megatron_conversion_units(mg)
     assert sorted(n for unit in units for n in unit) == sorted(mg)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from megatron_bridge import Qwen2Shape
+from megatron_bridge import ModelShape
 from megatron_bridge.param_count import count_parameters
 from slime_search.backends.megatron.model_args import add_model_arguments, model_from_args
 from tests.conftest import REPO_ROOT
@@ -48,19 +48,46 @@ def test_model_flags_give_the_published_sizes(name, billions):
     assert shape.tie_word_embeddings is (name != "qwen2.5-7B")
 
 
+@pytest.mark.parametrize(
+    "name,billions,non_embedding",
+    [("qwen3-0.6B", 0.60, 0.44), ("qwen3-1.7B", 1.72, 1.41), ("qwen3-4B", 4.02, 3.63), ("qwen3-8B", 8.19, 6.95)],
+)
+def test_qwen3_flags_give_the_published_sizes(name, billions, non_embedding):
+    """The model cards' counts: total, and without the embedding (and the untied output layer of 8B)."""
+    shape, _ = parse(name)
+    assert (shape.qk_norm, shape.qkv_bias, shape.head_dim) == (True, False, 128)
+    total = count_parameters(shape)
+    embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
+    assert round(total / 1e9, 2) == billions
+    assert round((total - embeddings) / 1e9, 2) == non_embedding
+    assert shape.tie_word_embeddings is (name != "qwen3-8B")
+
+
+def test_qwen3_parameter_formula_and_flags_match_a_real_model(tiny_qwen3_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3_checkpoint)
+    shape = ModelShape.from_hf_config(hf.config)
+    assert shape.kv_channels == 32 and shape.family == "qwen3"
+    assert count_parameters(shape) == sum(p.numel() for p in hf.parameters())
+    assert parse("tiny-qwen3")[0] == shape
+
+
 def test_parameter_formula_matches_a_real_model(tiny_checkpoint):
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
-    shape = Qwen2Shape.from_hf_config(hf.config)
+    shape = ModelShape.from_hf_config(hf.config)
     assert count_parameters(shape) == sum(p.numel() for p in hf.parameters())
     assert parse("tiny-qwen2")[0] == shape
 
 
-def test_hf_to_torch_dist_at_tp2_and_back_at_tp1_is_bit_exact(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_hf_to_torch_dist_at_tp2_and_back_at_tp1_is_bit_exact(request, tmp_path, family):
     from safetensors.torch import load_file
 
-    flags = model_args("tiny-qwen2")
+    tiny_checkpoint = request.getfixturevalue("tiny_checkpoint" if family == "qwen2" else "tiny_qwen3_checkpoint")
+    flags = model_args(f"tiny-{family}")
     saved = run_tool(
         "convert_hf_to_torch_dist.py",
         *flags,
@@ -126,10 +153,10 @@ def test_converter_rejects_mismatched_flags_and_missing_files(tiny_checkpoint, t
 def test_megatron_reads_the_rope_base_a_tiny_policy_is_built_with():
     """transformers 5 keeps the base in `rope_parameters`; the trainer must use it, or train and serve diverge."""
     from slime_search.backends.megatron.model import ModelOptions
-    from slime_search.models.tiny_qwen import TinyQwen2Config, build_tiny_qwen2
+    from slime_search.models.tiny_qwen import TinyQwenConfig, build_tiny_qwen
 
     for base in (10_000.0, 1_000_000.0):
-        model = build_tiny_qwen2(TinyQwen2Config(vocab_size=64, rope_theta=base))
+        model = build_tiny_qwen(TinyQwenConfig(vocab_size=64, rope_theta=base))
         assert ModelOptions.from_hf_config(model.config).rotary_base == base
 
 

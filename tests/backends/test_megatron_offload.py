@@ -36,7 +36,7 @@ def test_views_survive_the_round_trip_and_memory_is_really_released():
 def _worker(rank, world, port, checkpoint, out_path):
     from transformers import AutoModelForCausalLM
 
-    from megatron_bridge import Qwen2Shape
+    from megatron_bridge import ModelShape
     from slime_search.backends.megatron.actor import ActorConfig, MegatronActor, ReferenceModel
     from slime_search.backends.megatron.distributed import init_megatron, shutdown
     from slime_search.backends.megatron.loss import LossConfig
@@ -45,7 +45,7 @@ def _worker(rank, world, port, checkpoint, out_path):
 
     init_megatron(rank, world, tp_size=world, master_port=port)
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    shape, options = Qwen2Shape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
+    shape, options = ModelShape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
     config = ActorConfig(
         loss=LossConfig(eps_clip=0.2, eps_clip_high=0.28, vocab_size=shape.vocab_size),
         optim=OptimConfig(lr=1e-3, clip_grad=1.0),

@@ -22,14 +22,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 def _worker(rank: int, world: int, port: int, checkpoint: str, out_path: str) -> None:
     from transformers import AutoConfig
 
-    from megatron_bridge import Qwen2Shape
+    from megatron_bridge import ModelShape
     from slime_search.backends.megatron.actor import ActorConfig, MegatronActor
     from slime_search.backends.megatron.distributed import init_megatron, shutdown
     from slime_search.backends.megatron.model import ModelOptions, build_gpt_model
 
     init_megatron(rank, world, tp_size=world, master_port=port)
     hf_config = AutoConfig.from_pretrained(checkpoint)
-    model = build_gpt_model(Qwen2Shape.from_hf_config(hf_config), ModelOptions.from_hf_config(hf_config))
+    model = build_gpt_model(ModelShape.from_hf_config(hf_config), ModelOptions.from_hf_config(hf_config))
     actor = MegatronActor(model, ActorConfig())
     norm = model.decoder.final_layernorm.weight
     model.config.sequence_parallel = True  # as a model built with --sequence-parallel (which tags its norms)

@@ -27,7 +27,7 @@ def fixed_batch():
 def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from megatron_bridge import Qwen2Shape
+    from megatron_bridge import ModelShape
     from slime_search.backends.megatron.actor import ActorConfig, MegatronActor
     from slime_search.backends.megatron.distributed import init_megatron, shutdown
     from slime_search.backends.megatron.loss import LossConfig
@@ -36,7 +36,7 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
 
     init_megatron(rank, world, tp_size=world, master_port=port)
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    shape, options = Qwen2Shape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
+    shape, options = ModelShape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
     model = build_gpt_model(shape, options)
     load_hf_weights(model, hf.state_dict(), shape, options)
     config = ActorConfig(
@@ -167,3 +167,52 @@ def test_rng_state_round_trips():
     set_rng_state(state)
     again = (random.random(), np.random.rand(), torch.rand(3))
     assert draws[0] == again[0] and draws[1] == again[1] and torch.equal(draws[2], again[2])
+
+
+def _qwen3_worker(rank: int, world: int, port: int, checkpoint: str, out_path: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from megatron_bridge import ModelShape
+    from slime_search.backends.megatron.actor import ActorConfig, MegatronActor
+    from slime_search.backends.megatron.distributed import init_megatron, shutdown
+    from slime_search.backends.megatron.loss import LossConfig
+    from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights
+    from slime_search.backends.megatron.optimizer import OptimConfig
+
+    init_megatron(rank, world, tp_size=world, master_port=port)
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    shape, options = ModelShape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
+    model = build_gpt_model(shape, options)
+    load_hf_weights(model, hf.state_dict(), shape, options)
+    config = ActorConfig(
+        loss=LossConfig(eps_clip=0.2, eps_clip_high=0.28, vocab_size=shape.vocab_size),
+        optim=OptimConfig(lr=1e-3, clip_grad=1.0),
+        max_tokens_per_micro_batch=24,
+    )
+    actor = MegatronActor(model, config)
+    samples = fixed_batch()
+    old = actor.compute_log_probs(samples)
+    for sample, lp in zip(samples, old, strict=True):
+        sample.old_log_probs = lp
+    history = [actor.train_step(samples) for _ in range(2)]
+    if rank == 0:
+        with open(out_path, "w") as handle:
+            json.dump({"old": old, "history": history}, handle)
+    shutdown()
+
+
+def test_a_qwen3_actor_gives_hfs_log_probs_at_tp2_and_trains(tiny_qwen3_checkpoint, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "qwen3.json"
+    mp.spawn(_qwen3_worker, args=(2, free_port(), str(tiny_qwen3_checkpoint), str(out)), nprocs=2, join=True)
+    result = json.loads(out.read_text())
+    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3_checkpoint, dtype=torch.float32).eval()
+    for sample, lp in zip(fixed_batch(), result["old"], strict=True):
+        with torch.no_grad():
+            log_probs = torch.log_softmax(hf(torch.tensor([sample.tokens])).logits[0], -1)
+        start = len(sample.tokens) - sample.response_length
+        expected = [log_probs[start + i - 1, t].item() for i, t in enumerate(sample.tokens[start:])]
+        assert lp == pytest.approx(expected, abs=1e-4)
+    losses = [h["loss"] for h in result["history"]]
+    assert abs(losses[0]) < 1e-6 and losses[1] < losses[0] - 1e-4  # on-policy start, then the loss falls

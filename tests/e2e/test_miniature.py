@@ -81,11 +81,11 @@ def test_demonstrator_coin_is_seeded_per_question_visit_and_has_the_asked_rate()
 @pytest.fixture(scope="module")
 def miniature(tmp_path_factory):
     from slime_search.miniature.policy import build_policy
-    from slime_search.models.tiny_qwen import TinyQwen2Config
+    from slime_search.models.tiny_qwen import TinyQwenConfig
 
     root = tmp_path_factory.mktemp("miniature")
     write_task(make_task(seed=2, people=60, companies=20), root / "task")
-    build_policy(root / "task", root / "policy", TinyQwen2Config(hidden_size=32, num_layers=1), vocab_size=4096)
+    build_policy(root / "task", root / "policy", TinyQwenConfig(hidden_size=32, num_layers=1), vocab_size=4096)
     return root
 
 

@@ -163,6 +163,12 @@ def test_grpo_with_broadcast_weight_sync(tiny_checkpoint, tmp_path):
     run_three_disk_free_steps(tiny_checkpoint, tmp_path, "--update-weight-transport", "nccl")
 
 
+def test_a_qwen3_policy_trains_and_its_pushed_weights_serve_the_trainers_log_probs(tiny_qwen3_checkpoint, tmp_path):
+    """Qwen3 (q/k norms, no q/k/v bias, its own head size) through the whole loop at TP 2: the CPU engine serves it,
+    the broadcast pushes carry every tensor (a q/k norm left behind would part engine and trainer log-probs)."""
+    run_three_disk_free_steps(tiny_qwen3_checkpoint, tmp_path, "--update-weight-transport", "nccl")
+
+
 def test_colocated_run_hands_memory_over_between_phases(tiny_checkpoint, tmp_path):
     """--colocate on CPU: the actor (TP 2) offloads before every rollout, the engine releases its weights before
     every step and gets them back only through a full push of shared-memory handles, bucket by bucket (it refuses

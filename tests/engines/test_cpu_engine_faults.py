@@ -7,13 +7,13 @@ import torch
 from slime_search.engines import cpu_engine
 from slime_search.engines.cpu_engine import CpuEngine, GenerationRequest, InjectedFaults
 from slime_search.engines.sampling import SamplingParams
-from slime_search.models.tiny_qwen import TinyQwen2Config, save_tiny_checkpoint
+from slime_search.models.tiny_qwen import TinyQwenConfig, save_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def other_checkpoint(tmp_path_factory):
     """The tiny architecture with other random weights."""
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("other"), TinyQwen2Config(seed=123))
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("other"), TinyQwenConfig(seed=123))
 
 
 def logits(engine):

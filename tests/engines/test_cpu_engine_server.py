@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from slime_search.engines.client import EngineClient, EngineClientConfig, EngineError
-from slime_search.models.tiny_qwen import TinyQwen2Config, save_tiny_checkpoint
+from slime_search.models.tiny_qwen import TinyQwenConfig, save_tiny_checkpoint
 from slime_search.utils.server_process import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -107,7 +107,7 @@ def test_bad_requests_get_400(server, body, message):
 
 
 def test_a_checkpoint_of_another_shape_is_refused_and_the_weights_stay(server, tiny_checkpoint, tmp_path):
-    bigger = save_tiny_checkpoint(tmp_path / "wide", TinyQwen2Config(hidden_size=96))
+    bigger = save_tiny_checkpoint(tmp_path / "wide", TinyQwenConfig(hidden_size=96))
 
     async def update(path):
         client = EngineClient(EngineClientConfig(server.url))

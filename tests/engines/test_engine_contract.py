@@ -17,7 +17,7 @@ import torch
 from slime_search.engines.client import EngineClient, EngineClientConfig, EngineError, call_engine
 from slime_search.engines.cpu_engine_server import SGLANG_VERSION
 from slime_search.engines.weight_wire import serialize_named_tensors
-from slime_search.models.tiny_qwen import TinyQwen2Config, save_tiny_checkpoint
+from slime_search.models.tiny_qwen import TinyQwenConfig, save_tiny_checkpoint
 from slime_search.utils.net import free_port
 from slime_search.utils.server_process import ServerProcess
 from slime_search.weight_sync.broadcast import BroadcastConfig, WeightBroadcaster
@@ -48,7 +48,7 @@ def engine(request, tiny_checkpoint) -> str:
 @pytest.fixture(scope="module")
 def other_checkpoint(tmp_path_factory):
     """The tiny architecture with other weights: what a trainer pushes."""
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("seed1"), TinyQwen2Config(seed=1))
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("seed1"), TinyQwenConfig(seed=1))
 
 
 def generate(url: str, **body) -> dict:

@@ -11,7 +11,7 @@ import torch
 
 from slime_search.algo.importance import vanilla_tis_weights
 from slime_search.engines.client import call_engine
-from slime_search.models.tiny_qwen import TinyQwen2Config, save_tiny_checkpoint
+from slime_search.models.tiny_qwen import TinyQwenConfig, save_tiny_checkpoint
 from slime_search.rollout.sample_metrics import staleness_metrics
 from slime_search.search_r1.config import search_r1_args
 from slime_search.search_r1.generate import close_resources, generate, session_for
@@ -35,7 +35,7 @@ def log_probs_under(checkpoint, tokens: list[int], response_length: int) -> torc
 
 
 def test_a_trajectory_interrupted_by_a_push_keeps_each_tokens_version_and_behaviour_log_prob(tiny_checkpoint, tmp_path):
-    pushed = save_tiny_checkpoint(tmp_path / "pushed", TinyQwen2Config(seed=1))  # the weights of version 1
+    pushed = save_tiny_checkpoint(tmp_path / "pushed", TinyQwenConfig(seed=1))  # the weights of version 1
     argv = ["-m", "slime_search.engines.cpu_engine_server", "--model-path", str(tiny_checkpoint), "--port", "0"]
     with ServerProcess([*argv, "--weight-version", "0"]) as engine:
         args = search_r1_args(

@@ -19,7 +19,7 @@ TOKENS = [151644, 872, 198, 9707, 1879, 0, 151645, 198, 151644, 77091, 198, 3838
 def _sync_worker(rank, world, port, checkpoint, out_dir):
     from transformers import AutoModelForCausalLM
 
-    from megatron_bridge import Qwen2Shape, megatron_to_hf
+    from megatron_bridge import ModelShape, megatron_to_hf
     from slime_search.backends.megatron.actor import ActorConfig, MegatronActor
     from slime_search.backends.megatron.distributed import init_megatron, shutdown
     from slime_search.backends.megatron.loss import LossConfig
@@ -31,7 +31,7 @@ def _sync_worker(rank, world, port, checkpoint, out_dir):
 
     init_megatron(rank, world, tp_size=world, master_port=port)
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    shape, options = Qwen2Shape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
+    shape, options = ModelShape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
     model = build_gpt_model(shape, options)
     load_hf_weights(model, hf.state_dict(), shape, options)
     config = ActorConfig(loss=LossConfig(loss_type="sft", vocab_size=shape.vocab_size), optim=OptimConfig(lr=1e-2))

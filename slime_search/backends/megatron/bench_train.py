@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
-    from megatron_bridge import Qwen2Shape
+    from megatron_bridge import ModelShape
     from megatron_bridge.param_count import count_parameters
     from slime_search.backends.megatron.actor import ActorConfig, MegatronActor
     from slime_search.backends.megatron.distributed import init_megatron
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     port, address = int(os.environ.get("MASTER_PORT", free_port())), os.environ.get("MASTER_ADDR", "127.0.0.1")
     init_megatron(rank, world, tp_size=args.tp, master_port=port, master_address=address)
-    shape = Qwen2Shape(36, 2048, 16, 2, 11008, 151936, True)
+    shape = ModelShape(36, 2048, 16, 2, 11008, 151936, True)
     options = ModelOptions(params_dtype=torch.bfloat16, sequence_parallel=args.tp > 1)
     model = build_gpt_model(shape, options).cuda()
     config = ActorConfig(

@@ -1,4 +1,4 @@
-"""Build a Megatron-core GPTModel for a Qwen2-family checkpoint and move weights in and out of it."""
+"""Build a Megatron-core GPTModel for a Qwen2 / Qwen3 checkpoint and move weights in and out of it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from megatron_bridge import Qwen2Shape, hf_to_megatron, pad_vocab_size, shard_tensor_parallel
+from megatron_bridge import ModelShape, hf_to_megatron, pad_vocab_size, shard_tensor_parallel
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def te_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def transformer_config(shape: Qwen2Shape, options: ModelOptions):
+def transformer_config(shape: ModelShape, options: ModelOptions):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     on_gpu = torch.cuda.is_available()
@@ -52,7 +52,8 @@ def transformer_config(shape: Qwen2Shape, options: ModelOptions):
         ffn_hidden_size=shape.ffn_hidden_size,
         kv_channels=shape.head_dim,
         add_bias_linear=False,
-        add_qkv_bias=True,
+        add_qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_norm,
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
         normalization="RMSNorm",
@@ -78,8 +79,8 @@ def _tp_size() -> int:
     return parallel_state.get_tensor_model_parallel_world_size()
 
 
-def build_gpt_model(shape: Qwen2Shape, options: ModelOptions):
-    """A GPTModel with the Qwen2 architecture; model-parallel state must already be initialised."""
+def build_gpt_model(shape: ModelShape, options: ModelOptions):
+    """A GPTModel with the shape's architecture (Qwen2 or Qwen3); model-parallel state must already be initialised."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
@@ -88,9 +89,9 @@ def build_gpt_model(shape: Qwen2Shape, options: ModelOptions):
 
     use_te = te_available() if options.use_te is None else options.use_te
     spec = (
-        get_gpt_layer_with_transformer_engine_spec(qk_layernorm=False)
+        get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.qk_norm)
         if use_te
-        else get_gpt_layer_local_spec(qk_layernorm=False, normalization="RMSNorm")
+        else get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
     )
     return GPTModel(
         config=transformer_config(shape, options),
@@ -109,7 +110,7 @@ def uses_te_names(model) -> bool:
     return any(name.endswith("layer_norm_weight") for name in model.state_dict())
 
 
-def load_hf_weights(model, hf_state: dict[str, torch.Tensor], shape: Qwen2Shape, options: ModelOptions) -> None:
+def load_hf_weights(model, hf_state: dict[str, torch.Tensor], shape: ModelShape, options: ModelOptions) -> None:
     """Copy an HF state dict into this rank's shard of the model; raises on any missing or unexpected tensor."""
     from megatron.core import parallel_state
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from megatron_bridge import Qwen2Shape
+from megatron_bridge import ModelShape
 from slime_search.backends.megatron.model import ModelOptions
 from slime_search.utils.flag_types import positive_float, positive_int
 
@@ -35,7 +35,16 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
     group.add_argument("--swiglu", action="store_true", help="SwiGLU MLP (Qwen2 needs it)")
     group.add_argument("--use-rotary-position-embeddings", action="store_true", help="RoPE (Qwen2 needs it)")
     group.add_argument("--disable-bias-linear", action="store_true", help="no linear biases (Qwen2 needs it)")
-    group.add_argument("--add-qkv-bias", action="store_true", help="biases on q/k/v (Qwen2 needs it)")
+    group.add_argument("--add-qkv-bias", action="store_true", help="biases on q/k/v (Qwen2 needs it; Qwen3 has none)")
+    group.add_argument(
+        "--qk-layernorm", action="store_true", help="a per-head RMSNorm on queries and keys (Qwen3 needs it)"
+    )
+    group.add_argument(
+        "--kv-channels",
+        type=positive_int,
+        default=None,
+        help="the attention head size when it is not --hidden-size / --num-attention-heads (Qwen3: 128)",
+    )
     group.add_argument("--normalization", default="RMSNorm", help="RMSNorm (Qwen2 needs it)")
     group.add_argument("--norm-epsilon", type=positive_float, default=1e-6, help="RMSNorm epsilon")
     group.add_argument("--rotary-base", type=positive_float, default=1_000_000.0, help="RoPE base (rope_theta)")
@@ -55,21 +64,28 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
     return parser
 
 
-def model_from_args(args: argparse.Namespace) -> tuple[Qwen2Shape, ModelOptions]:
-    """The Qwen2 shape and options the flags describe; flags outside the Qwen2 family raise with the fix."""
+def model_from_args(args: argparse.Namespace) -> tuple[ModelShape, ModelOptions]:
+    """The Qwen2 or Qwen3 shape and options the flags describe (--qk-layernorm: Qwen3); flags outside both families
+    raise with the fix."""
+    qwen3 = bool(getattr(args, "qk_layernorm", False))
     problems = []
     if not args.swiglu:
-        problems.append("--swiglu (Qwen2 uses SwiGLU)")
-    if not args.disable_bias_linear or not args.add_qkv_bias:
-        problems.append("--disable-bias-linear --add-qkv-bias (Qwen2 has biases on q/k/v only)")
+        problems.append("--swiglu (Qwen2 and Qwen3 use SwiGLU)")
+    if not args.disable_bias_linear:
+        problems.append("--disable-bias-linear (no biases outside q/k/v)")
+    if qwen3 and args.add_qkv_bias:
+        problems.append("no --add-qkv-bias with --qk-layernorm (Qwen3 has no q/k/v biases)")
+    if not qwen3 and not args.add_qkv_bias:
+        problems.append("--add-qkv-bias (Qwen2 has biases on q/k/v), or --qk-layernorm for Qwen3")
     if args.normalization != "RMSNorm":
         problems.append("--normalization RMSNorm")
     if not args.use_rotary_position_embeddings:
         problems.append("--use-rotary-position-embeddings")
     if problems:
-        raise ValueError("these model flags are needed for a Qwen2-family model: " + "; ".join(problems))
+        family = "Qwen3" if qwen3 else "Qwen2"
+        raise ValueError(f"these model flags are needed for a {family} model: " + "; ".join(problems))
     groups = args.num_query_groups if args.group_query_attention and args.num_query_groups else args.num_attention_heads
-    shape = Qwen2Shape(
+    shape = ModelShape(
         num_layers=args.num_layers,
         hidden_size=args.hidden_size,
         num_heads=args.num_attention_heads,
@@ -77,6 +93,9 @@ def model_from_args(args: argparse.Namespace) -> tuple[Qwen2Shape, ModelOptions]
         ffn_hidden_size=args.ffn_hidden_size,
         vocab_size=args.vocab_size,
         tie_word_embeddings=not args.untie_embeddings_and_output_weights,
+        qkv_bias=not qwen3,
+        qk_norm=qwen3,
+        kv_channels=_kv_channels(args),
     )
     given = {"rotary_base": args.rotary_base, "rms_norm_eps": args.norm_epsilon}
     for name in ("make_vocab_size_divisible_by", "max_position_embeddings"):
@@ -85,9 +104,16 @@ def model_from_args(args: argparse.Namespace) -> tuple[Qwen2Shape, ModelOptions]
     return shape, ModelOptions(**given)
 
 
-def check_against_hf_config(shape: Qwen2Shape, options: ModelOptions, hf_config) -> None:
+def _kv_channels(args: argparse.Namespace) -> int | None:
+    """--kv-channels when it differs from hidden / heads (the default head size is left implicit, as
+    ModelShape.from_hf_config leaves it)."""
+    given = getattr(args, "kv_channels", None)
+    return given if given is not None and given != args.hidden_size // args.num_attention_heads else None
+
+
+def check_against_hf_config(shape: ModelShape, options: ModelOptions, hf_config) -> None:
     """Raise listing every model flag that disagrees with the HF checkpoint's config.json."""
-    hf_shape, hf_options = Qwen2Shape.from_hf_config(hf_config), ModelOptions.from_hf_config(hf_config)
+    hf_shape, hf_options = ModelShape.from_hf_config(hf_config), ModelOptions.from_hf_config(hf_config)
     flag_of = {
         "num_layers": "--num-layers",
         "hidden_size": "--hidden-size",
@@ -96,6 +122,9 @@ def check_against_hf_config(shape: Qwen2Shape, options: ModelOptions, hf_config)
         "ffn_hidden_size": "--ffn-hidden-size",
         "vocab_size": "--vocab-size",
         "tie_word_embeddings": "--untie-embeddings-and-output-weights (absent = tied)",
+        "qk_norm": "--qk-layernorm (Qwen3)",
+        "qkv_bias": "--add-qkv-bias (Qwen2)",
+        "head_dim": "--kv-channels",
     }
     wrong = [
         f"{flag_of[field]}: flags say {getattr(shape, field)}, config.json says {getattr(hf_shape, field)}"

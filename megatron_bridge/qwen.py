@@ -1,4 +1,9 @@
-"""Qwen2 / Qwen2.5 weights between Hugging Face names and Megatron-core GPTModel names.
+"""Qwen2 / Qwen2.5 and Qwen3 (dense) weights between Hugging Face names and Megatron-core GPTModel names.
+
+Qwen3 differs from Qwen2 in three ways the mapping follows: no q/k/v bias; a per-head RMSNorm on queries and keys
+(`self_attn.q_norm` / `k_norm`, [head_dim] each, applied before RoPE: Megatron's `q_layernorm` / `k_layernorm`
+with qk_layernorm); and head_dim given in config.json rather than hidden_size / heads (Qwen3-4B: 2560 / 32 = 80,
+head_dim 128; Megatron's kv_channels).
 
 Layout facts the mapping encodes:
 - Megatron's fused `linear_qkv` interleaves per query group: for each of the G groups, its H/G query heads,
@@ -21,9 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
+FAMILIES = ("qwen2", "qwen3")  # config.json's model_type values the mapping knows
+
 
 @dataclass(frozen=True)
-class Qwen2Shape:
+class ModelShape:
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -31,13 +38,26 @@ class Qwen2Shape:
     ffn_hidden_size: int
     vocab_size: int
     tie_word_embeddings: bool
+    qkv_bias: bool = True  # Qwen2: biases on q/k/v; Qwen3: none
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on queries and keys
+    kv_channels: int | None = None  # head_dim when it is not hidden_size / num_heads (Qwen3)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_heads
+
+    @property
+    def family(self) -> str:
+        return "qwen3" if self.qk_norm else "qwen2"
 
     @classmethod
-    def from_hf_config(cls, config) -> Qwen2Shape:
+    def from_hf_config(cls, config) -> ModelShape:
+        model_type = getattr(config, "model_type", "qwen2")
+        if model_type not in FAMILIES:
+            raise ValueError(f"model_type {model_type!r} is not supported; supported: {', '.join(FAMILIES)}")
+        qwen3 = model_type == "qwen3"
+        head_dim = getattr(config, "head_dim", None) if qwen3 else None
+        default_head_dim = config.hidden_size // config.num_attention_heads
         return cls(
             num_layers=config.num_hidden_layers,
             hidden_size=config.hidden_size,
@@ -46,6 +66,9 @@ class Qwen2Shape:
             ffn_hidden_size=config.intermediate_size,
             vocab_size=config.vocab_size,
             tie_word_embeddings=bool(config.tie_word_embeddings),
+            qkv_bias=bool(getattr(config, "attention_bias", False)) if qwen3 else True,
+            qk_norm=qwen3,
+            kv_channels=head_dim if head_dim and head_dim != default_head_dim else None,
         )
 
 
@@ -73,7 +96,7 @@ def _pad_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
     )
 
 
-def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: Qwen2Shape) -> torch.Tensor:
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: ModelShape) -> torch.Tensor:
     """HF q/k/v (weights [out, hidden] or biases [out]) -> Megatron's group-interleaved linear_qkv."""
     groups, per_group, hd = shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim
     tail = q.shape[1:]
@@ -83,7 +106,7 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: Qwen2Shap
     return fused.reshape(-1, *tail)
 
 
-def split_qkv(qkv: torch.Tensor, shape: Qwen2Shape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_qkv(qkv: torch.Tensor, shape: ModelShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     groups, per_group, hd = shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim
     tail = qkv.shape[1:]
     grouped = qkv.reshape(groups, (per_group + 2) * hd, *tail)
@@ -91,14 +114,20 @@ def split_qkv(qkv: torch.Tensor, shape: Qwen2Shape) -> tuple[torch.Tensor, torch
     return q.reshape(-1, *tail), k.reshape(-1, *tail), v.reshape(-1, *tail)
 
 
+def _qkv_kinds(shape: ModelShape) -> tuple[str, ...]:
+    return ("weight", "bias") if shape.qkv_bias else ("weight",)
+
+
 def hf_to_megatron(
-    hf: dict[str, torch.Tensor], shape: Qwen2Shape, padded_vocab: int, te_names: bool = False
+    hf: dict[str, torch.Tensor], shape: ModelShape, padded_vocab: int, te_names: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Full (unsharded) Megatron state dict from an HF Qwen2 state dict; raises naming any missing tensor."""
+    """Full (unsharded) Megatron state dict from an HF Qwen2/Qwen3 state dict; raises naming any missing tensor."""
 
     def get(name: str) -> torch.Tensor:
         if name not in hf:
-            raise KeyError(f"HF checkpoint lacks {name!r}: is it a Qwen2-family model with {shape.num_layers} layers?")
+            raise KeyError(
+                f"HF checkpoint lacks {name!r}: is it a {shape.family} model with {shape.num_layers} layers?"
+            )
         return hf[name]
 
     out = {"embedding.word_embeddings.weight": _pad_rows(get("model.embed_tokens.weight"), padded_vocab)}
@@ -106,9 +135,12 @@ def hf_to_megatron(
         hp, mp = f"model.layers.{i}.", f"decoder.layers.{i}."
         attn_norm, mlp_norm = _norm_names(i, te_names)
         out[attn_norm] = get(hp + "input_layernorm.weight")
-        for kind in ("weight", "bias"):
+        for kind in _qkv_kinds(shape):
             q, k, v = (get(f"{hp}self_attn.{p}_proj.{kind}") for p in "qkv")
             out[f"{mp}self_attention.linear_qkv.{kind}"] = fuse_qkv(q, k, v, shape)
+        if shape.qk_norm:
+            out[mp + "self_attention.q_layernorm.weight"] = get(hp + "self_attn.q_norm.weight")
+            out[mp + "self_attention.k_layernorm.weight"] = get(hp + "self_attn.k_norm.weight")
         out[mp + "self_attention.linear_proj.weight"] = get(hp + "self_attn.o_proj.weight")
         out[mlp_norm] = get(hp + "post_attention_layernorm.weight")
         out[mp + "mlp.linear_fc1.weight"] = torch.cat(
@@ -121,14 +153,17 @@ def hf_to_megatron(
     return out
 
 
-def _layer_to_hf(i: int, mg: dict[str, torch.Tensor], shape: Qwen2Shape, te_names: bool) -> dict[str, torch.Tensor]:
+def _layer_to_hf(i: int, mg: dict[str, torch.Tensor], shape: ModelShape, te_names: bool) -> dict[str, torch.Tensor]:
     hp, mp = f"model.layers.{i}.", f"decoder.layers.{i}."
     attn_norm, mlp_norm = _norm_names(i, te_names)
     out = {hp + "input_layernorm.weight": mg[attn_norm]}
-    for kind in ("weight", "bias"):
+    for kind in _qkv_kinds(shape):
         q, k, v = split_qkv(mg[f"{mp}self_attention.linear_qkv.{kind}"], shape)
         out[f"{hp}self_attn.q_proj.{kind}"], out[f"{hp}self_attn.k_proj.{kind}"] = q, k
         out[f"{hp}self_attn.v_proj.{kind}"] = v
+    if shape.qk_norm:
+        out[hp + "self_attn.q_norm.weight"] = mg[mp + "self_attention.q_layernorm.weight"]
+        out[hp + "self_attn.k_norm.weight"] = mg[mp + "self_attention.k_layernorm.weight"]
     out[hp + "self_attn.o_proj.weight"] = mg[mp + "self_attention.linear_proj.weight"]
     out[hp + "post_attention_layernorm.weight"] = mg[mlp_norm]
     gate, up = torch.chunk(mg[mp + "mlp.linear_fc1.weight"], 2, dim=0)
@@ -157,7 +192,7 @@ def megatron_conversion_units(names: Iterable[str]) -> list[list[str]]:
     return [unit for unit in units if unit]
 
 
-def megatron_to_hf_part(mg: dict[str, torch.Tensor], shape: Qwen2Shape, te_names: bool = False) -> dict:
+def megatron_to_hf_part(mg: dict[str, torch.Tensor], shape: ModelShape, te_names: bool = False) -> dict:
     """HF tensors of the whole units (see megatron_conversion_units) present in `mg`, vocabulary padding removed.
     A tied `lm_head.weight` is left out: it is the embedding, and engines tie it themselves."""
     vocab = shape.vocab_size
@@ -173,8 +208,8 @@ def megatron_to_hf_part(mg: dict[str, torch.Tensor], shape: Qwen2Shape, te_names
     return out
 
 
-def megatron_to_hf(mg: dict[str, torch.Tensor], shape: Qwen2Shape, te_names: bool = False) -> dict[str, torch.Tensor]:
-    """HF Qwen2 state dict (vocab padding removed) from a full Megatron state dict."""
+def megatron_to_hf(mg: dict[str, torch.Tensor], shape: ModelShape, te_names: bool = False) -> dict[str, torch.Tensor]:
+    """HF state dict (vocab padding removed) from a full Megatron state dict."""
     out = megatron_to_hf_part(mg, shape, te_names)
     if shape.tie_word_embeddings:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
@@ -193,7 +228,7 @@ def _parallel_kind(name: str) -> str:
     return "replicated"
 
 
-def shard_tensor_parallel(mg: dict[str, torch.Tensor], shape: Qwen2Shape, tp_size: int, tp_rank: int) -> dict:
+def shard_tensor_parallel(mg: dict[str, torch.Tensor], shape: ModelShape, tp_size: int, tp_rank: int) -> dict:
     """The slice of a full Megatron state dict that TP rank `tp_rank` of `tp_size` holds."""
     if shape.num_kv_heads % tp_size or shape.num_heads % tp_size or shape.ffn_hidden_size % tp_size:
         raise ValueError(
