@@ -102,7 +102,7 @@ def build_tiny_qwen(config: TinyQwenConfig = TinyQwenConfig()):
         rope_theta=config.rope_theta,
         rms_norm_eps=1e-6,
         bos_token_id=config.eos_token_id,
-        eos_token_id=config.eos_token_id,
+        eos_token_id=151645 if qwen3 else config.eos_token_id,  # Qwen3's config.json: <|im_end|>
         torch_dtype="float32",
     )
     torch.manual_seed(config.seed)
@@ -120,7 +120,12 @@ def save_tiny_checkpoint(out_dir: str | Path, config: TinyQwenConfig = TinyQwenC
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     build_tiny_qwen(config).save_pretrained(out_dir, safe_serialization=True)
-    build_qwen2_tokenizer().save_pretrained(out_dir)
+    if config.family == "qwen3":
+        from slime_search.models.qwen3_tokenizer import build_qwen3_tokenizer
+
+        build_qwen3_tokenizer().save_pretrained(out_dir)
+    else:
+        build_qwen2_tokenizer().save_pretrained(out_dir)
     return out_dir
 
 
