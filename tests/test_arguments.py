@@ -94,6 +94,28 @@ def test_the_3b_run_script_passes_only_flags_the_driver_accepts():
     assert (args.rollout_num_gpus, args.colocate, weight_transport(args)) == (4, False, "nccl")
 
 
+def test_the_qwen3_4b_run_script_trains_qwen3_with_native_tool_calls_and_thinking_off():
+    import os
+    import subprocess
+
+    from tests.conftest import REPO_ROOT
+
+    script = REPO_ROOT / "examples" / "search-r1" / "run_qwen3_4B.sh"
+    for env, thinking in (({}, False), ({"ENABLE_THINKING": "1"}, True)):
+        run = subprocess.run(
+            ["bash", str(script)], env={**os.environ, "DRY_RUN": "1", **env}, capture_output=True, text=True, check=True
+        )
+        args = parse_args(run.stdout.splitlines()[2:])
+        assert (args.tool_format, args.enable_thinking, args.qk_layernorm, args.kv_channels) == (
+            "qwen3",
+            thinking,
+            True,
+            128,
+        )
+        assert (args.num_layers, args.hidden_size, args.add_qkv_bias) == (36, 2560, False)
+        assert args.hf_checkpoint == "models/Qwen3-4B" and args.tensor_model_parallel_size == 2
+
+
 def test_the_3b_run_script_colocated():
     import os
     import subprocess

@@ -17,7 +17,9 @@ export PYTHONUNBUFFERED=1
 
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
 REPO_ROOT="$(cd -- "${SCRIPT_DIR}/../.." && pwd)"
-source "${REPO_ROOT}/scripts/models/qwen2.5-3B.sh"
+# MODEL_NAME (a file of scripts/models/) and TASK_ARGS (more task flags) let run_qwen3_4B.sh reuse this script.
+source "${REPO_ROOT}/scripts/models/${MODEL_NAME:-qwen2.5-3B}.sh"
+read -r -a TASK_EXTRA <<<"${TASK_ARGS:-}"
 source "${SCRIPT_DIR}/common.sh"
 
 MODEL_DIR=${MODEL_DIR:-models/Qwen2.5-3B}
@@ -114,6 +116,7 @@ CUSTOM_ARGS=(
    --search-topk 3
    --max-turns 2
    --max-obs-tokens 500
+   "${TASK_EXTRA[@]}"
 )
 
 WANDB_ARGS=(

@@ -7,7 +7,8 @@ It drives the multi-turn loop with a known policy: in tests (a script: a substri
 question, mapped to the texts of successive turns) and in the rollout benchmark (real Search-R1 trajectories,
 split into turns at their <information> blocks, so searches follow the real model's pattern while the
 retriever and the search client do real work). The turn number is the count of observations already in the
-assistant's part of the prompt. Output ids are the tokenizer's encoding of the turn text, cut to
+assistant's part of the prompt (in a chat template's own tool format, the assistant headers after the first).
+Output ids are the tokenizer's encoding of the turn text, cut to
 max_new_tokens; every request is recorded and served back by GET /requests.
 """
 
@@ -75,6 +76,18 @@ def turn_response(tokenizer, text: str, body: dict, weight_version: str, log_pro
     }
 
 
+def turn_number(prompt: str) -> int:
+    """How many turns the trajectory in `prompt` already has: observations after the first assistant header (the
+    instructions mention </information> too); in the chat template's own tool format, every turn after the first
+    opens a new assistant header."""
+    _, header, trajectory = prompt.partition("<|im_start|>assistant\n")
+    if not header:  # no chat template: the whole prompt
+        trajectory = prompt
+    elif "<|im_start|>assistant\n" in trajectory:
+        return trajectory.count("<|im_start|>assistant\n")
+    return sum(trajectory.count(marker) for marker in OBSERVATION_MARKERS)
+
+
 def build_app(tokenizer, script: dict[str, list[str]]):
     from fastapi import FastAPI, Request
 
@@ -95,8 +108,7 @@ def build_app(tokenizer, script: dict[str, list[str]]):
         requests.append(body)
         prompt = tokenizer.decode(body["input_ids"])
         turns = next(texts for key, texts in script.items() if key in prompt)
-        trajectory = prompt.rpartition("<|im_start|>assistant\n")[2]  # the instructions mention </information> too
-        turn = sum(trajectory.count(marker) for marker in OBSERVATION_MARKERS)
+        turn = turn_number(prompt)
         text = turns[min(turn, len(turns) - 1)]
         return turn_response(tokenizer, text, body, weight_version="7", log_prob=lambda i: -0.01 * (i + 1))
 

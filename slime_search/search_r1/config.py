@@ -125,6 +125,20 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
         help="SQLite file counting the run's billed Serper calls (default: serper_spend.sqlite in --save)",
     )
     group.add_argument(
+        "--tool-format",
+        choices=("tags", "qwen3"),
+        default="tags",
+        help="tags: Search-R1's <search> query </search>; qwen3: Qwen3's native tool calls (tools declared by the "
+        "chat template, <tool_call> JSON, tool responses in the template's form); the answer is <answer> in both",
+    )
+    group.add_argument(
+        "--enable-thinking",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="--tool-format qwen3: let the model think (<think> ... </think>) before it acts (default: off, the "
+        "template's empty think block, as torchtitan's and prime-rl's Qwen3 recipes)",
+    )
+    group.add_argument(
         "--page-access",
         action="store_true",
         help="an <access> url </access> action that reads a whole page from the retriever's /access (ASearcher's "
@@ -202,6 +216,8 @@ class SearchR1Config:
     serper_usd_per_call: float = 0.001
     serper_at_budget: str = "stop"
     serper_ledger: str | None = None
+    tool_format: str = "tags"
+    enable_thinking: bool = False
     page_access: bool = False
     access_url: str | None = None
     max_page_tokens: int = 1024
@@ -225,6 +241,8 @@ class SearchR1Config:
             raise ValueError("--serper-replay-only needs --serper-cache: the answers are replayed from it")
         if self.max_turns == 0 and not self.final_turn:
             raise ValueError("--max-turns 0 with --no-final-turn leaves no turn to generate in")
+        if self.tool_format not in ("tags", "qwen3"):
+            raise ValueError(f"--tool-format must be tags or qwen3, got {self.tool_format!r}")
         if self.page_access and self.search_backend != "local":
             raise ValueError("--page-access reads pages from the local retriever's /access: use --search-backend local")
         budget = self.serper_budget()  # its own checks

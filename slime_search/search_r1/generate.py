@@ -32,6 +32,15 @@ from slime_search.search_r1.search_clients import (
     format_observation,
 )
 from slime_search.search_r1.serper_budget import BudgetSpent
+from slime_search.search_r1.tool_format import (
+    NATIVE_ACTIONS,
+    NO_ACTION,
+    bounded_ids,
+    native_prompt_ids,
+    parse_tool_call,
+    tool_response_text,
+    user_message_text,
+)
 from slime_search.types import Sample, Status
 
 ACTIONS = ("search", "answer")  # Search-R1's; --page-access adds "access"
@@ -45,7 +54,18 @@ INVALID_ACTION = (
 
 
 def action_tags(config: SearchR1Config) -> tuple[str, ...]:
+    if config.tool_format == "qwen3":
+        return NATIVE_ACTIONS
     return (*ACTIONS, "access") if config.page_access else ACTIONS
+
+
+def turn_action(config: SearchR1Config, turn: Turn) -> tuple[str | None, str, str]:
+    """The turn's action as the loop acts on it: ("search" | "access" | "answer" | None, its argument, and why a
+    native tool call was not valid ("" otherwise))."""
+    if config.tool_format == "qwen3" and turn.action == "tool_call":
+        action, value = parse_tool_call(turn.content, config.page_access)
+        return (action, value, "") if action else (None, "", value)
+    return turn.action, turn.content, ""
 
 
 @functools.lru_cache(maxsize=4)
@@ -71,6 +91,15 @@ def observation_body(docs: list[dict], empty_text: str = "", with_urls: bool = F
 
 def observation_text(docs: list[dict], empty_text: str = "", with_urls: bool = False) -> str:
     return f"{OBS_OPEN}{observation_body(docs, empty_text, with_urls)}{OBS_CLOSE}"
+
+
+def native_response_ids(tokenizer, config: SearchR1Config, turn: Turn, body: str, cap: int) -> tuple[list[int], bool]:
+    """--tool-format qwen3: the tool response in the chat template's form, the body cut to keep it within `cap`."""
+
+    def render(text: str) -> str:
+        return tool_response_text(text, turn.end_token, config.enable_thinking)
+
+    return bounded_ids(tokenizer, render, body, cap)
 
 
 def page_ids(tokenizer, page: dict | None, cap: int) -> tuple[list[int], bool]:
@@ -321,7 +350,11 @@ def without_end_token(turn: Turn) -> Turn:
 async def run_trajectory(
     config: SearchR1Config, tokenizer, res: _Resources, sample: Sample, sampling_params: dict
 ) -> Sample:
-    sample.tokens = prompt_ids(sample, tokenizer, config.apply_chat_template)
+    native = config.tool_format == "qwen3"
+    if native and not sample.tokens:
+        sample.tokens = native_prompt_ids(tokenizer, sample.prompt, config.page_access, config.enable_thinking)
+    else:
+        sample.tokens = prompt_ids(sample, tokenizer, config.apply_chat_template)
     metrics = {"turns": 0, "searches": 0, "invalid_actions": 0, "obs_truncations": 0, "search_latency_s": 0.0}
     metrics.update(search_billed=0, search_cache_hits=0)  # web search: billed API calls, answers from a cache
     metrics.update(search_empty=0)  # searches that found nothing (--empty-search-text is what the policy reads)
@@ -349,9 +382,10 @@ async def run_trajectory(
         log_probs = [float(lp) for lp, _, _ in meta["output_token_logprobs"]]
         ids = [int(i) for i in out["output_ids"]]
         turn = read_turn(tokenizer, ids, log_probs, reason, output_versions(meta, len(ids)), tags)
+        action, argument, invalid_call = turn_action(config, turn)
         final = turn_index >= config.max_turns  # the answer-only turn: no more searches
-        goes_on = turn.action is None and not final and not config.end_on_no_action and reason["type"] != "abort"
-        if goes_on:
+        goes_on = action is None and not final and not config.end_on_no_action and reason["type"] != "abort"
+        if goes_on and not native:  # the native format keeps the end-of-turn token: the template's own form
             turn = without_end_token(turn)
         sample.append_response_tokens(
             turn.ids, generated=True, log_probs=turn.log_probs, text=turn.text, versions=turn.versions
@@ -361,23 +395,23 @@ async def run_trajectory(
         if reason["type"] == "abort":
             sample.status, finish = Status.ABORTED, "abort"
             break
-        if turn.action == "answer":
+        if action == "answer":
             finish = "answer"
             break
-        if turn.action is None and config.end_on_no_action and reason["type"] == "length":
+        if action is None and config.end_on_no_action and reason["type"] == "length":
             sample.status, finish = Status.TRUNCATED, "length"
             break
-        if turn.action is None and config.end_on_no_action and turn.end_token:
+        if action is None and config.end_on_no_action and turn.end_token:
             finish = "eos"
             break
         if final:
             finish = "final_turn"
             break
-        if turn.action == "search":
+        if action == "search":
             start = time.perf_counter()
             try:
                 async with res.search_slots:
-                    docs, origin = await res.search.search_with_origin(turn.content)
+                    docs, origin = await res.search.search_with_origin(argument)
             except BudgetSpent as err:  # the run's web-search budget: the run is asked to stop (health guard)
                 sample.status, finish = Status.FAILED, "stop_run"
                 sample.metadata["error"] = str(err)
@@ -392,22 +426,39 @@ async def run_trajectory(
             metrics["search_billed"] += int(origin == "api")
             metrics["search_cache_hits"] += int(origin == "cache")
             metrics["search_empty"] += int(not docs)
-            obs_ids, truncated = observation_ids(
-                tokenizer, docs, config.max_obs_tokens, config.empty_search_text, config.page_access
-            )
+            if native:
+                body = observation_body(docs, config.empty_search_text, config.page_access)
+                obs_ids, truncated = native_response_ids(tokenizer, config, turn, body, config.max_obs_tokens)
+            else:
+                obs_ids, truncated = observation_ids(
+                    tokenizer, docs, config.max_obs_tokens, config.empty_search_text, config.page_access
+                )
             metrics["obs_truncations"] += int(truncated)
-        elif turn.action == "access":
+        elif action == "access":
             try:
                 async with res.search_slots:
-                    page = await res.search.access(turn.content, config.page_access_url)
+                    page = await res.search.access(argument, config.page_access_url)
             except SearchError as err:
                 sample.status, finish = Status.FAILED, "search_error"
                 sample.metadata["error"] = f"{config.page_access_url}: {err}"
                 break
             metrics["accesses"] += 1
             metrics["access_missing"] += int(page is None)
-            obs_ids, truncated = page_ids(tokenizer, page, config.max_page_tokens)
+            if native:
+                body = page["contents"] if page is not None else PAGE_NOT_FOUND
+                obs_ids, truncated = native_response_ids(tokenizer, config, turn, body, config.max_page_tokens)
+            else:
+                obs_ids, truncated = page_ids(tokenizer, page, config.max_page_tokens)
             metrics["obs_truncations"] += int(truncated)
+        elif native:  # a malformed tool call answers as its tool response; no action at all, as a user message
+            metrics["invalid_actions"] += 1
+            ended = turn.end_token
+            text = (
+                tool_response_text(f"Error: {invalid_call}.", ended, config.enable_thinking)
+                if invalid_call
+                else user_message_text(NO_ACTION, ended, config.enable_thinking)
+            )
+            obs_ids = tokenizer.encode(text, add_special_tokens=False)
         else:  # neither search nor answer (EOS, token limit, or a stray tag): Search-R1's message and another turn
             metrics["invalid_actions"] += 1
             obs_ids = tokenizer.encode(INVALID_ACTION, add_special_tokens=False)

@@ -21,7 +21,16 @@ ACCESS_TEMPLATE = BASE_TEMPLATE.replace(
     "You can read a whole page by <access> url </access>, with a url shown in brackets after a searched document's "
     "title, and its text will be returned between <information> and </information>. ",
 )
-TEMPLATES = {"base": BASE_TEMPLATE, "access": ACCESS_TEMPLATE}
+# For --tool-format qwen3: the search tool is declared by the chat template, so the instructions only say how to
+# answer (read as in Search-R1's format).
+NATIVE_TEMPLATE = (
+    "Answer the given question. "
+    "If you find you lack some knowledge, call the search tool; it returns the top searched results. "
+    "You can search as many times as you want. "
+    "If you find no further external knowledge needed, you can directly provide the answer inside <answer> and "
+    "</answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
+)
+TEMPLATES = {"base": BASE_TEMPLATE, "access": ACCESS_TEMPLATE, "native": NATIVE_TEMPLATE}
 
 
 def normalize_question(question: str) -> str:
