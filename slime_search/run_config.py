@@ -188,7 +188,7 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
 
     from slime_search.ray.train_group import TrainGroupConfig
     from slime_search.rollout.schedule import ScheduleConfig
-    from slime_search.weight_sync.transports import WeightSyncConfig
+    from slime_search.weight_sync.transport_base import WeightSyncConfig
 
     actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
     engines = engine_config(args, use_gpu, colocated_gpus=actor_gpus if args.colocate else 0)

@@ -58,6 +58,20 @@ def reset_engine(url: str, checkpoint: Path) -> None:
 
 
 @pytest.fixture(scope="session")
+def sglang_qwen3_engine(tiny_qwen3_checkpoint, tmp_path_factory) -> SGLangEngine:
+    """Real SGLang serving the tiny Qwen3 checkpoint (q/k norms, its own head size, Qwen3's tokenizer) on CPU."""
+    from slime_search.utils.net import free_port
+    from tests import sglang_cpu
+
+    log = tmp_path_factory.mktemp("sglang_qwen3") / "engine.log"
+    process = sglang_cpu.start_engine(tiny_qwen3_checkpoint, free_port(), log_path=log)
+    try:
+        yield SGLangEngine(process, tiny_qwen3_checkpoint)
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="session")
 def sglang_engine(tiny_checkpoint, tmp_path_factory) -> SGLangEngine:
     """Real SGLang serving the tiny checkpoint on this CPU machine (skipped without tests/sglang_cpu/setup.sh)."""
     from slime_search.utils.net import free_port

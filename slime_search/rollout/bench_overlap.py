@@ -71,7 +71,7 @@ class EmulatedPush:
 
     def push(self, version: str) -> str:
         from slime_search.engines.client import call_engine, on_every_engine
-        from slime_search.weight_sync.transports import check_served, served_versions
+        from slime_search.weight_sync.transport_base import check_served, served_versions
 
         async def push_all():
             await on_every_engine(self.urls, lambda url: call_engine(url, "update_weights_from_disk", "-", version))

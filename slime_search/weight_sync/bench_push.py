@@ -49,7 +49,7 @@ def push_by_handles(url: str, state: dict, bucket_bytes: int, version: str) -> N
     from slime_search.engines.weight_wire import serialize_named_tensors
     from slime_search.weight_sync.broadcast import with_last
     from slime_search.weight_sync.tensor_handles import post_bucket
-    from slime_search.weight_sync.transports import weight_update_session
+    from slime_search.weight_sync.transport_base import weight_update_session
 
     with weight_update_session([url]):
         for bucket, last in with_last(iter_buckets(state.items(), bucket_bytes)):
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from slime_search.utils.net import free_port
     from slime_search.utils.server_process import ServerProcess
     from slime_search.weight_sync.broadcast import BroadcastConfig, WeightBroadcaster
-    from slime_search.weight_sync.transports import served_versions, weight_update_session
+    from slime_search.weight_sync.transport_base import served_versions, weight_update_session
 
     bucket_bytes = args.bucket_mb * 1024**2
     with tempfile.TemporaryDirectory() as tmp:

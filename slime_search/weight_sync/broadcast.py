@@ -27,7 +27,7 @@ from typing import TypeVar
 import torch
 
 from slime_search.engines.weight_wire import DEFAULT_GROUP_NAME, dtype_name, join_weight_update_group
-from slime_search.weight_sync.transports import WeightTransport, check_served, served_versions
+from slime_search.weight_sync.transport_base import WeightTransport, check_served, served_versions
 
 logger = logging.getLogger(__name__)
 

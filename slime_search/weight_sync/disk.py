@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from megatron_bridge import ModelShape, megatron_to_hf
-from slime_search.weight_sync.transports import WeightTransport, check_served, served_versions
+from slime_search.weight_sync.transport_base import WeightTransport, check_served, served_versions
 
 
 def write_hf_checkpoint(

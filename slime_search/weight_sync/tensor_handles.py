@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from slime_search.weight_sync.transports import WeightTransport, check_served, served_versions
+from slime_search.weight_sync.transport_base import WeightTransport, check_served, served_versions
 
 
 def engine_payloads(entries: list[str | None], ranks_per_engine: list[int]) -> list[list[str]]:

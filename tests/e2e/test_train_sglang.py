@@ -55,6 +55,24 @@ def test_grpo_steps_with_sglang_serving_each_pushed_version(transport, sglang_en
     assert max(diffs) < 1e-3 and kls[1] > 100 * max(diffs), (diffs, kls)
 
 
+@pytest.mark.parametrize("transport", ["disk", "nccl", "tensor"])
+def test_qwen3_with_native_tool_calls_trains_against_sglang_serving_each_pushed_version(
+    transport, sglang_qwen3_engine, tiny_qwen3_checkpoint, tmp_path
+):
+    """A Qwen3 policy (q/k norms, its own head size, Qwen3's tokenizer and template) served by real SGLang, prompted
+    with the search tool declared by the template: every pushed tensor reaches SGLang, whose log-probs of the next
+    rollout are the trainer's."""
+    train = train_against(
+        sglang_qwen3_engine, tiny_qwen3_checkpoint, tmp_path,
+        "--num-rollout", "2", "--rollout-max-response-len", "8", "--max-response-tokens", "24",
+        "--use-kl-loss", "--kl-loss-coef", "0.001", "--entropy-coef", "0.01", "--tool-format", "qwen3",
+        "--update-weight-transport", transport,
+    )  # fmt: skip
+    assert [r["weight_version"] for r in train] == [1, 2] and [r["rollout/weight_version"] for r in train] == [0, 1]
+    diffs, kls = [r["train/train_rollout_logprob_abs_diff"] for r in train], [r["train/kl_loss"] for r in train]
+    assert max(diffs) < 1e-3 and kls[1] > 100 * max(diffs), (diffs, kls)
+
+
 def test_fully_asynchronous_grpo_pauses_sglang_for_each_broadcast(sglang_engine, tiny_checkpoint, tmp_path):
     """--async-mode fully with real SGLang: each push pauses the engine (retract), broadcasts inside SGLang's
     weight-update session (its last bucket flushes the cache, which SGLang allows only with no running request) and

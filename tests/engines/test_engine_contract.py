@@ -21,7 +21,7 @@ from slime_search.models.tiny_qwen import TinyQwenConfig, save_tiny_checkpoint
 from slime_search.utils.net import free_port
 from slime_search.utils.server_process import ServerProcess
 from slime_search.weight_sync.broadcast import BroadcastConfig, WeightBroadcaster
-from slime_search.weight_sync.transports import weight_update_session
+from slime_search.weight_sync.transport_base import weight_update_session
 from tests.conftest import REPO_ROOT, reset_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from slime_search.utils.net import free_port
-from slime_search.weight_sync.transports import weight_update_session
+from slime_search.weight_sync.transport_base import weight_update_session
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
 PROMPT = [151644, 872, 198, 9707, 1879, 0, 151645, 198, 151644, 77091, 198]
@@ -92,7 +92,7 @@ def test_cuda_ipc_handles_and_memory_hand_over_on_one_gpu(tiny_checkpoint):
     from slime_search.engines.client import EngineClient, EngineClientConfig
     from slime_search.engines.weight_wire import tensor_bucket_payload
     from slime_search.weight_sync.tensor_handles import post_bucket
-    from slime_search.weight_sync.transports import served_versions
+    from slime_search.weight_sync.transport_base import served_versions
 
     model, state = perturbed_on_gpu(tiny_checkpoint)
     deployment, url = launch_engine(tiny_checkpoint, 0, "--enable-memory-saver")

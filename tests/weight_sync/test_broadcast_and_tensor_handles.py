@@ -10,7 +10,7 @@ from slime_search.engines.weight_wire import dtype_from_name, dtype_name
 from slime_search.utils.net import free_port
 from slime_search.utils.server_process import ServerProcess
 from slime_search.weight_sync.broadcast import BroadcastConfig, WeightBroadcaster, with_last
-from slime_search.weight_sync.transports import weight_update_session
+from slime_search.weight_sync.transport_base import weight_update_session
 
 pytestmark = pytest.mark.timeout(300)
 PROMPT = [151644, 872, 198, 9707, 1879, 0, 151645, 198, 151644, 77091, 198]

@@ -2,13 +2,8 @@
 
 import pytest
 
-from slime_search.weight_sync.transports import (
-    TRANSPORTS,
-    WeightSyncConfig,
-    create_transport,
-    default_transport,
-    transport_kind,
-)
+from slime_search.weight_sync.transport_base import WeightSyncConfig
+from slime_search.weight_sync.transports import TRANSPORTS, create_transport, default_transport, transport_kind
 
 
 def test_each_name_builds_its_transport():
@@ -23,6 +18,12 @@ def test_each_name_builds_its_transport():
         "tensor": TensorHandleTransport,
     }
     assert built["nccl"].ranks_per_engine == [1]
+
+
+def test_the_registry_holds_every_transport_name_the_settings_accept():
+    from slime_search.weight_sync.transport_base import TRANSPORT_NAMES
+
+    assert tuple(sorted(TRANSPORTS)) == TRANSPORT_NAMES
 
 
 def test_an_unknown_transport_names_the_valid_ones():

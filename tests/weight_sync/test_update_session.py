@@ -6,7 +6,7 @@ import pytest
 
 from slime_search.engines.client import EngineError
 from slime_search.utils.server_process import ServerProcess
-from slime_search.weight_sync.transports import weight_update_session
+from slime_search.weight_sync.transport_base import weight_update_session
 
 pytestmark = pytest.mark.timeout(300)
 
