@@ -276,8 +276,20 @@ def first_rollback(events):
     return next((event for event in events if event.action == "rollback"), None)
 
 
+def answer_sigint() -> None:
+    """Stop on SIGINT however the driver was launched. A job started in the background by a non-interactive shell
+    (`python -m slime_search.train ... &` in a script) inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler: `kill -INT` would be lost and the run, Ray and the engines would go on."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     from slime_search.arguments import parse_args, preflight
+
+    answer_sigint()
 
     args = parse_args(argv)
     preflight(args)  # a retriever that is down is found now, not after Ray started and the models loaded

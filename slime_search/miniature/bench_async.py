@@ -187,9 +187,11 @@ def summary(run: Path) -> dict[str, float]:
 
 def health_summary(run: Path) -> dict[str, float]:
     """What the health guard did in a run: its rollbacks, warnings and whether it stopped the run."""
+    from slime_search.health.verdict import completed_rollbacks
+
     events = health_events(run)
     return {
-        "rollbacks": sum(e.get("action") == "rollback" for e in events),
+        "rollbacks": len(completed_rollbacks(events)),  # one per checkpoint gone back to, not per logged line
         "warnings": sum(e.get("action") == "warn" for e in events),
         "stopped": float(stopped(run)),
     }

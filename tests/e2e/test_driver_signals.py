@@ -33,6 +33,10 @@ def wait_for_first_step(run, proc, timeout_s: float = 300) -> None:
     raise AssertionError(f"no step logged within {timeout_s} s")
 
 
+def ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_driver_alone_stops_every_process_it_started(tiny_checkpoint, tmp_path, signum):
     retriever_args = prepare_task(tmp_path)
@@ -40,8 +44,11 @@ def test_a_signal_to_the_driver_alone_stops_every_process_it_started(tiny_checkp
     with RetrievalServerProcess(*retriever_args) as retriever:
         command = tiny_train_command(tiny_checkpoint, tmp_path, retriever.url, "--num-rollout", "1000")
         with open(tmp_path / "log.txt", "w") as log:
-            # its own session, so the test can clean up by process group whatever outlives the driver
-            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            # its own session, so the test can clean up by process group whatever outlives the driver; launched with
+            # SIGINT ignored, as a background job of a non-interactive shell is (the driver must answer it anyway)
+            proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=ignore_sigint
+            )
         started = []
         try:
             wait_for_first_step(run, proc)

@@ -113,7 +113,13 @@ def test_a_run_the_guard_stopped_is_a_result_evaluated_on_its_last_saved_weights
     assert not bench_async.stopped(run)
     arguments = bench_async.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
     assert arguments[arguments.index("--hf-checkpoint") + 1] == str(run / "weights" / "step_20")
-    events = [{"step": 3, "action": "warn"}, {"step": 5, "action": "rollback"}, {"step": 10, "action": "stop"}]
+    events = [
+        {"step": 3, "action": "warn"},
+        {"step": 5, "action": "rollback", "values": {"since": 3.0}},  # the decision ...
+        {"step": 5, "action": "rollback", "values": {"to_step": 2.0}},  # ... and the checkpoint gone back to
+        {"step": 10, "action": "rollback", "values": {"since": 8.0}},  # a decision left without a rollback: a stop
+        {"step": 10, "action": "stop"},
+    ]
     (run / "health.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     assert bench_async.stopped(run)
     arguments = bench_async.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
