@@ -218,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     from local_dense_retriever.launch import RetrievalServerProcess
 
     server_args = ["--index-path", args.index_path, "--corpus-path", args.corpus_path, "--cache-size", "0"]
-    server_args += ["--retriever-name", args.retriever_name, "--header-timeout", str(args.header_timeout)]
+    server_args += ["--retriever-name", args.retriever_name]
+    if args.slow_connections:  # (a server from before the read deadlines takes no such flag)
+        server_args += ["--header-timeout", str(args.header_timeout)]
     if args.retriever_model:
         server_args += ["--retriever-model", args.retriever_model]
     with RetrievalServerProcess(*server_args, *args.server_arg) as server:
@@ -228,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             return process.memory_info().rss >> 20
 
         asyncio.run(mixed(server.url, queries, args))
-        flood(server.url, args, rss_mb)
-        slowloris(server.url, queries, args, args.header_timeout)
+        if args.floods:
+            flood(server.url, args, rss_mb)
+        if args.slow_connections:
+            slowloris(server.url, queries, args, args.header_timeout)
         print(json.dumps({"server_alive_at_end": server.proc.poll() is None, "server_rss_mb_end": rss_mb()}))
     return 0
 

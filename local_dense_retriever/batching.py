@@ -111,28 +111,46 @@ class PendingRequest:
 Slice = tuple[PendingRequest, int, int]  # (request, start, end): queries[start:end] go into one batch
 
 
-def take_fair_slices(waiting: deque[PendingRequest], budget: int) -> list[Slice]:
-    """Up to `budget` queries for the next batch, shared equally among the waiting requests in turn.
+SMALL_RECENTLY_S = 1.0  # small requests answered this recently: batches of large requests alone stay short
 
-    A request of 5,000 queries gets the same share of a batch as a request of 1, so it cannot hold the worker while
-    small requests queue behind it; what it has left waits at the back of the line. Requests whose caller has gone
-    are dropped. `waiting` is updated in place.
+
+def take_fair_slices(waiting: deque[PendingRequest], budget: int, small_recently: bool = False) -> list[Slice]:
+    """The next batch: one round in which every waiting request, in turn, gets up to an equal share of `budget`.
+
+    A request of 5,000 queries is searched slice by slice, so it cannot hold the worker while small requests queue
+    behind it; what it has left waits at the back of the line. Beside small requests (those a share answers whole)
+    the large ones together take at most as many queries as the small ones: a batch stays about twice the size the
+    small requests would make alone, and so does their wait, while the large requests still advance every batch.
+    While small requests keep coming (`small_recently`), a batch of large requests alone takes a sixteenth of the
+    budget, so that the next small request does not wait behind a whole batch; without small requests, large ones
+    fill whole batches (one request: the whole budget). Requests whose caller has gone are dropped. `waiting` is
+    updated in place.
     """
+    live = [request for request in waiting if not request.future.done()]  # cancelled, or failed in an earlier slice
+    share = max(1, budget // max(1, len(live)))
+    small = [request for request in live if request.unbatched <= share]  # answered whole by this batch
+    large_share = share
+    large = len(live) - len(small)
+    if small and large:
+        # beside small requests the large ones together take no more of the batch than the small ones do: the batch
+        # stays about twice what the small requests alone would make, and so does their wait
+        large_share = max(1, min(share, sum(r.unbatched for r in small) // large))
+    elif large and small_recently:  # between small requests: a short batch, so the next ones wait for little
+        large_share = max(1, min(share, budget // 16 // large))
     slices: list[Slice] = []
-    while budget > 0 and waiting:
-        share = max(1, budget // len(waiting))
-        for _ in range(len(waiting)):
-            if budget == 0:
-                break
-            request = waiting.popleft()
-            if request.future.done():  # cancelled by its caller, or failed in an earlier slice
-                continue
-            n = min(share, request.unbatched, budget)
-            slices.append((request, request.next, request.next + n))
-            request.next += n
-            budget -= n
-            if request.unbatched:
-                waiting.append(request)
+    served_with_more, not_served = [], []
+    for request in live:
+        if budget == 0:
+            not_served.append(request)  # no room left this round: first in line for the next
+            continue
+        n = min(share if request.unbatched <= share else large_share, request.unbatched, budget)
+        slices.append((request, request.next, request.next + n))
+        request.next += n
+        budget -= n
+        if request.unbatched:
+            served_with_more.append(request)
+    waiting.clear()
+    waiting.extend(not_served + served_with_more)
     return slices
 
 
@@ -160,6 +178,7 @@ class MicroBatcher:
         self.queries = 0
         self.requests_overloaded = 0
         self._queries_per_s = 0.0  # a moving estimate, for Retry-After
+        self._small_at = float("-inf")  # when a request was last answered by a single batch
 
     @property
     def queue_depth(self) -> int:
@@ -211,7 +230,11 @@ class MicroBatcher:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
             except TimeoutError:
                 break
-        return take_fair_slices(self.waiting, self.max_batch_size)
+        small_recently = time.monotonic() - self._small_at < SMALL_RECENTLY_S
+        slices = take_fair_slices(self.waiting, self.max_batch_size, small_recently)
+        if any(start == 0 and end == len(request.queries) for request, start, end in slices):
+            self._small_at = time.monotonic()
+        return slices
 
     async def _run(self) -> None:
         while True:

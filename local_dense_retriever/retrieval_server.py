@@ -182,6 +182,12 @@ class RetrievalService:
             result = [[self.document(r) for r, _ in hits] for hits in hits_per_query]
         return {"result": result}
 
+    def render(self, hits_per_query: list[Hits], return_scores: bool) -> bytes:
+        """The answer's JSON body, as JSONResponse would write it."""
+        return json.dumps(
+            self.format(hits_per_query, return_scores), ensure_ascii=False, separators=(",", ":")
+        ).encode()
+
     def health(self) -> dict:
         return {
             "status": "ok",
@@ -207,7 +213,7 @@ class RetrievalService:
 
 def create_app(service: RetrievalService):
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
 
     @asynccontextmanager
     async def lifespan(app):
@@ -238,7 +244,10 @@ def create_app(service: RetrievalService):
         except Exception as err:  # noqa: BLE001 - this request's search failed; the server carries on
             logger.exception("retrieval failed")
             return JSONResponse({"detail": f"retrieval failed: {type(err).__name__}: {err}"}, status_code=500)
-        return JSONResponse(service.format(hits, parsed.return_scores))
+        # documents read from the corpus and serialised off the event loop: a 5,000-query answer takes a while, and
+        # the small requests beside it must not wait for it
+        body = await asyncio.to_thread(service.render, hits, parsed.return_scores)
+        return Response(content=body, media_type="application/json")
 
     @app.post("/access")
     async def access(request: Request):

@@ -40,21 +40,26 @@ def test_fair_slices_share_a_batch_equally_and_keep_the_rest_in_line():
         taken = {"big": 0, "small": 0, "mid": 0}
         for request, start, end in slices:
             taken[request.queries[0].split("-")[0]] += end - start
-        # 256 // 3 each; then what is left in halves between the two unfinished (mid has 15 left), then to big
-        assert taken == {"big": 85 + 42 + 27, "small": 2, "mid": 85 + 15}
-        assert [(r.queries[0], s, e) for r, s, e in slices][:3] == [
-            ("big-0", 0, 85),
-            ("small-0", 0, 2),
-            ("mid-0", 0, 85),
-        ]
-        assert list(waiting) == [big] and big.next == 154  # small and mid are whole; big's rest waits its turn
+        # beside the small request (2 queries), the two large ones together take as many: 1 each
+        assert taken == {"big": 1, "small": 2, "mid": 1}
+        assert list(waiting) == [big, mid] and (big.next, mid.next) == (1, 1)  # small is whole
+        equal = deque([pending(1000, "a", loop), pending(500, "b", loop)])  # large requests alone: equal shares
+        assert [e - s for _, s, e in take_fair_slices(equal, 256)] == [128, 128]
+        beside = deque([pending(1000, "a", loop), pending(100, "b", loop)])  # 100 fits its share: it is the small one
+        assert [e - s for _, s, e in take_fair_slices(beside, 256)] == [100, 100]
+        between = deque([pending(1000, "a", loop), pending(500, "b", loop)])  # while small requests keep coming
+        assert [e - s for _, s, e in take_fair_slices(between, 256, small_recently=True)] == [8, 8]
+        alone = deque([pending(1000, "alone", loop)])
+        assert [(s, e) for _, s, e in take_fair_slices(alone, 256)] == [(0, 256)]  # alone: the whole budget
         gone = pending(5, "gone", loop)
         gone.future.cancel()  # its caller disconnected
         waiting = deque([gone, pending(3, "x", loop)])
         assert [(r.queries[0], s, e) for r, s, e in take_fair_slices(waiting, 256)] == [("x-0", 0, 3)]
         assert not waiting
-        many = deque(pending(1, f"r{i}", loop) for i in range(300))
-        assert len(take_fair_slices(many, 256)) == 256 and len(many) == 44  # one each, the rest next time
+        many = deque(pending(2, f"r{i}", loop) for i in range(300))
+        first = take_fair_slices(many, 256)
+        assert len(first) == 256 and len(many) == 300  # one query each for 256 of them
+        assert [r.queries[0] for r in list(many)[:44]] == [f"r{i}-0" for i in range(256, 300)]  # the unserved first
     finally:
         loop.close()
 
@@ -84,7 +89,8 @@ def test_small_requests_are_answered_in_the_next_batch_while_a_large_one_is_stil
     done_order, results, batcher = asyncio.run(scenario())
     assert len(search.calls[0]) == 64 and all(q.startswith("big") for q in search.calls[0])
     second = search.calls[1]
-    assert sum(q.startswith("small") for q in second) == 10 and len(second) == 64  # all five, beside big's share
+    # all five (10 queries), and as many of big's beside them: the batch stays small while small requests wait
+    assert sum(q.startswith("small") for q in second) == 10 and len(second) == 20
     assert done_order[:5] == [f"small{j}" for j in range(5)] and done_order[-1] == "big"
     assert results[0] == [[(i, 1.0)] for i in range(1000)]  # every slice back in its place
     assert sum(len(c) for c in search.calls) == 1010
