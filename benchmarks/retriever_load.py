@@ -84,6 +84,8 @@ async def mixed(url: str, queries: list[str], args) -> list[dict]:
         url, queries, args.small_clients, lambda: time.perf_counter() - began > args.seconds
     )
     lines.append(latency_line(f"{args.small_clients} clients x 1 query, alone", latencies, statuses, args.seconds))
+    if not args.large_requests:
+        return lines
 
     large_done = asyncio.Event()
     large_results: list[tuple[float, object]] = []
