@@ -91,8 +91,8 @@ async def mixed(url: str, queries: list[str], args) -> list[dict]:
     large_results: list[tuple[float, object]] = []
 
     async def large(session, i: int):
-        # unique queries (the cache is off anyway): a Search-R1-sized batch of real queries, numbered
-        body = {"queries": [f"{queries[j % len(queries)]} {i}" for j in range(args.large_size)], "topk": 3}
+        # real queries, each made unique (the server searches a repeated query once, and its cache is off)
+        body = {"queries": [f"{queries[j % len(queries)]} {i} {j}" for j in range(args.large_size)], "topk": 3}
         started = time.perf_counter()
         try:
             async with session.post(f"{url}/retrieve", json=body) as response:

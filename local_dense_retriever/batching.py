@@ -111,32 +111,30 @@ class PendingRequest:
 Slice = tuple[PendingRequest, int, int]  # (request, start, end): queries[start:end] go into one batch
 
 
-SMALL_RECENTLY_S = 1.0  # small requests answered this recently: batches of large requests alone stay short
+SMALL_RECENTLY_S = 1.0  # small requests answered this recently: batches are kept short for the next ones
+SHORT_BATCH_S = 0.1  # how long a batch may take while small requests keep coming
+MEASURED_BATCH = 32  # batches of at least this many queries measure the search's cost per query
 
 
-def take_fair_slices(waiting: deque[PendingRequest], budget: int, small_recently: bool = False) -> list[Slice]:
+def take_fair_slices(waiting: deque[PendingRequest], budget: int, short_budget: int | None = None) -> list[Slice]:
     """The next batch: one round in which every waiting request, in turn, gets up to an equal share of `budget`.
 
     A request of 5,000 queries is searched slice by slice, so it cannot hold the worker while small requests queue
-    behind it; what it has left waits at the back of the line. Beside small requests (those a share answers whole)
-    the large ones together take at most as many queries as the small ones: a batch stays about twice the size the
-    small requests would make alone, and so does their wait, while the large requests still advance every batch.
-    While small requests keep coming (`small_recently`), a batch of large requests alone takes a sixteenth of the
-    budget, so that the next small request does not wait behind a whole batch; without small requests, large ones
-    fill whole batches (one request: the whole budget). Requests whose caller has gone are dropped. `waiting` is
-    updated in place.
+    behind it; what it has left waits at the back of the line. Small requests (those a share answers whole) go whole
+    into the batch. While small requests keep coming (`short_budget` given), the large ones share what is left of
+    `short_budget`, or as many queries as the small ones take if that is more (at least a query each): batches stay
+    short, so the next small request waits for little, while the large ones still advance every batch. Otherwise
+    they share what is left of `budget` (one request alone: all of it). Requests whose caller has gone are dropped. `waiting` is updated in place.
     """
     live = [request for request in waiting if not request.future.done()]  # cancelled, or failed in an earlier slice
     share = max(1, budget // max(1, len(live)))
-    small = [request for request in live if request.unbatched <= share]  # answered whole by this batch
-    large_share = share
-    large = len(live) - len(small)
-    if small and large:
-        # beside small requests the large ones together take no more of the batch than the small ones do: the batch
-        # stays about twice what the small requests alone would make, and so does their wait
-        large_share = max(1, min(share, sum(r.unbatched for r in small) // large))
-    elif large and small_recently:  # between small requests: a short batch, so the next ones wait for little
-        large_share = max(1, min(share, budget // 16 // large))
+    small_queries = sum(r.unbatched for r in live if r.unbatched <= share)
+    large = sum(r.unbatched > share for r in live)
+    if short_budget is None:
+        room = budget - small_queries
+    else:  # the large ones take what is left of the short budget, or as much as the small ones, whichever is more
+        room = min(budget - small_queries, max(short_budget - small_queries, small_queries))
+    large_share = max(1, room // large) if large else share
     slices: list[Slice] = []
     served_with_more, not_served = [], []
     for request in live:
@@ -179,6 +177,7 @@ class MicroBatcher:
         self.requests_overloaded = 0
         self._queries_per_s = 0.0  # a moving estimate, for Retry-After
         self._small_at = float("-inf")  # when a request was last answered by a single batch
+        self._seconds_per_query: float | None = None  # a moving estimate from batches of MEASURED_BATCH or more
 
     @property
     def queue_depth(self) -> int:
@@ -231,7 +230,7 @@ class MicroBatcher:
             except TimeoutError:
                 break
         small_recently = time.monotonic() - self._small_at < SMALL_RECENTLY_S
-        slices = take_fair_slices(self.waiting, self.max_batch_size, small_recently)
+        slices = take_fair_slices(self.waiting, self.max_batch_size, self.short_budget() if small_recently else None)
         if any(start == 0 and end == len(request.queries) for request, start, end in slices):
             self._small_at = time.monotonic()
         return slices
@@ -272,9 +271,20 @@ class MicroBatcher:
             else:
                 self._answer(request, start, hits)
 
+    def short_budget(self) -> int:
+        """Queries a batch may hold while small requests keep coming: what the search does in SHORT_BATCH_S (a
+        sixteenth of the batch size until a batch has measured it), at least 16."""
+        if self._seconds_per_query is None:
+            return max(16, self.max_batch_size // 16)
+        return max(16, min(self.max_batch_size, int(SHORT_BATCH_S / self._seconds_per_query)))
+
     def _count(self, n: int, seconds: float) -> None:
         self.batches += 1
         self.queries += n
+        if n >= MEASURED_BATCH:
+            cost = seconds / n
+            old = self._seconds_per_query
+            self._seconds_per_query = cost if old is None else 0.8 * old + 0.2 * cost
         rate = n / max(seconds, 1e-6)
         self._queries_per_s = rate if self._queries_per_s == 0 else 0.8 * self._queries_per_s + 0.2 * rate
 

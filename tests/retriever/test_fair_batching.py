@@ -40,15 +40,18 @@ def test_fair_slices_share_a_batch_equally_and_keep_the_rest_in_line():
         taken = {"big": 0, "small": 0, "mid": 0}
         for request, start, end in slices:
             taken[request.queries[0].split("-")[0]] += end - start
-        # beside the small request (2 queries), the two large ones together take as many: 1 each
-        assert taken == {"big": 1, "small": 2, "mid": 1}
-        assert list(waiting) == [big, mid] and (big.next, mid.next) == (1, 1)  # small is whole
+        # the small request (2 queries) whole; the two large ones share what is left of the budget
+        assert taken == {"big": 127, "small": 2, "mid": 100}
+        assert list(waiting) == [big] and big.next == 127  # small and mid are whole
         equal = deque([pending(1000, "a", loop), pending(500, "b", loop)])  # large requests alone: equal shares
         assert [e - s for _, s, e in take_fair_slices(equal, 256)] == [128, 128]
-        beside = deque([pending(1000, "a", loop), pending(100, "b", loop)])  # 100 fits its share: it is the small one
-        assert [e - s for _, s, e in take_fair_slices(beside, 256)] == [100, 100]
         between = deque([pending(1000, "a", loop), pending(500, "b", loop)])  # while small requests keep coming
-        assert [e - s for _, s, e in take_fair_slices(between, 256, small_recently=True)] == [8, 8]
+        assert [e - s for _, s, e in take_fair_slices(between, 256, short_budget=40)] == [20, 20]
+        beside = deque([pending(1000, "a", loop), pending(3, "s", loop), pending(500, "b", loop)])
+        assert [e - s for _, s, e in take_fair_slices(beside, 256, short_budget=40)] == [18, 3, 18]
+        crowd = deque([pending(1000, "a", loop), *(pending(2, f"s{i}", loop) for i in range(30))])
+        sizes = [e - s for _, s, e in take_fair_slices(crowd, 256, short_budget=40)]
+        assert sizes[0] == 60 and sum(sizes) == 120  # beside 60 small queries the large one takes as many
         alone = deque([pending(1000, "alone", loop)])
         assert [(s, e) for _, s, e in take_fair_slices(alone, 256)] == [(0, 256)]  # alone: the whole budget
         gone = pending(5, "gone", loop)
@@ -89,8 +92,8 @@ def test_small_requests_are_answered_in_the_next_batch_while_a_large_one_is_stil
     done_order, results, batcher = asyncio.run(scenario())
     assert len(search.calls[0]) == 64 and all(q.startswith("big") for q in search.calls[0])
     second = search.calls[1]
-    # all five (10 queries), and as many of big's beside them: the batch stays small while small requests wait
-    assert sum(q.startswith("small") for q in second) == 10 and len(second) == 20
+    # all five (10 queries) beside big's slice: no small request waits for the whole of the large one
+    assert sum(q.startswith("small") for q in second) == 10
     assert done_order[:5] == [f"small{j}" for j in range(5)] and done_order[-1] == "big"
     assert results[0] == [[(i, 1.0)] for i in range(1000)]  # every slice back in its place
     assert sum(len(c) for c in search.calls) == 1010
