@@ -57,9 +57,10 @@ def reset_engine(url: str, checkpoint: Path) -> None:
     assert answer.status_code == 200, answer.text
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sglang_qwen3_engine(tiny_qwen3_checkpoint, tmp_path_factory) -> SGLangEngine:
-    """Real SGLang serving the tiny Qwen3 checkpoint (q/k norms, its own head size, Qwen3's tokenizer) on CPU."""
+    """Real SGLang serving the tiny Qwen3 checkpoint (q/k norms, its own head size, Qwen3's tokenizer) on CPU; for
+    one module at a time, so that it does not idle beside the session's Qwen2 engine for the rest of the suite."""
     from slime_search.utils.net import free_port
     from tests import sglang_cpu
 
