@@ -112,7 +112,7 @@ Slice = tuple[PendingRequest, int, int]  # (request, start, end): queries[start:
 
 
 SMALL_RECENTLY_S = 1.0  # small requests answered this recently: batches are kept short for the next ones
-SHORT_BATCH_S = 0.05  # how long a batch may take while small requests keep coming
+SHORT_BATCH_S = 0.025  # how long a batch may take while small requests keep coming
 MEASURED_BATCH = 32  # batches of at least this many queries measure the search's cost per query
 
 
