@@ -182,7 +182,8 @@ class LocalSearchClient:
 
     async def _answers(self, queries: list[str]) -> list[list[dict] | SearchError]:
         """Documents per query (or that query's SearchError) from one request, with bounded retries."""
-        body = await self._post_with_retries(queries)
+        payload = {"queries": queries, "topk": self.config.topk, "return_scores": True}
+        body = await self._post_with_retries(payload, self.config.url)
         result = body.get("result") if isinstance(body, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
             count = f"{len(result)} lists" if isinstance(result, list) else repr(result)[:60]
@@ -208,16 +209,11 @@ class LocalSearchClient:
             raise SearchError(f"page access answered a page without 'contents' text: {str(page)[:120]}")
         return page
 
-    async def _post_with_retries(self, queries: list[str] | dict, url: str | None = None) -> object:
+    async def _post_with_retries(self, payload: dict, url: str) -> object:
         """The answer's JSON. Connection failures, timeouts, 5xx, 429 and 503 are retried with jittered backoff (at
         least the server's Retry-After) for `retry_window_s`: long enough to ride out a retriever restart."""
         import aiohttp
 
-        if isinstance(queries, dict):
-            payload = queries
-        else:
-            payload = {"queries": queries, "topk": self.config.topk, "return_scores": True}
-        url = url or self.config.url
         last, attempts, retry_after = "", 0, 0.0
         started = time.monotonic()
         while True:

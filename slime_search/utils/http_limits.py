@@ -62,9 +62,6 @@ def bounded_h11_protocol(header_timeout_s: float, body_timeout_s: float) -> type
             else:  # a whole request read (DONE), or the connection is ending
                 self._disarm()
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()  # an idle keep-alive connection is then uvicorn's to close
-
         def _arm(self, phase: str) -> None:
             if self._phase == phase:
                 return

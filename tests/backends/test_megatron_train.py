@@ -24,12 +24,14 @@ def fixed_batch():
     return samples
 
 
-def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: str) -> None:
+def _actor_from_hf(rank: int, world: int, port: int, checkpoint: str):
+    """Megatron at TP `world` with the HF checkpoint's weights, its actor, and the fixed batch with its old
+    log-probs: (hf, shape, options, config, actor, samples, old)."""
     from transformers import AutoModelForCausalLM
 
     from megatron_bridge import ModelShape
     from slime_search.backends.megatron.actor import ActorConfig, MegatronActor
-    from slime_search.backends.megatron.distributed import init_megatron, shutdown
+    from slime_search.backends.megatron.distributed import init_megatron
     from slime_search.backends.megatron.loss import LossConfig
     from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights
     from slime_search.backends.megatron.optimizer import OptimConfig
@@ -49,6 +51,15 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
     old = actor.compute_log_probs(samples)
     for sample, lp in zip(samples, old, strict=True):
         sample.old_log_probs = lp
+    return hf, shape, options, config, actor, samples, old
+
+
+def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: str) -> None:
+    from slime_search.backends.megatron.actor import MegatronActor
+    from slime_search.backends.megatron.distributed import shutdown
+    from slime_search.backends.megatron.model import build_gpt_model, load_hf_weights
+
+    hf, shape, options, config, actor, samples, old = _actor_from_hf(rank, world, port, checkpoint)
     history = [actor.train_step(samples) for _ in range(2)]
     # checkpoint after 2 steps, continue 2 more; then a fresh actor resumes from the checkpoint
     from slime_search.backends.megatron.checkpoint import load_actor, save_actor
@@ -93,6 +104,16 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
                 handle,
             )
     shutdown()
+
+
+def assert_hf_log_probs(hf, per_sample: list[list[float]]) -> None:
+    """The actor's log-probs of the fixed batch are HF's at T = 1 on the same tokens."""
+    for sample, lp in zip(fixed_batch(), per_sample, strict=True):
+        with torch.no_grad():
+            log_probs = torch.log_softmax(hf(torch.tensor([sample.tokens])).logits[0], -1)
+        start = len(sample.tokens) - sample.response_length
+        expected = [log_probs[start + i - 1, t].item() for i, t in enumerate(sample.tokens[start:])]
+        assert lp == pytest.approx(expected, abs=1e-4)
 
 
 def _megatron_warnings() -> list[str]:
@@ -147,12 +168,7 @@ def test_grpo_steps_lower_the_loss_and_match_across_tp(tiny_checkpoint, tmp_path
         )
     # the actor's log-probs are HF's at T = 1 on the same tokens
     hf = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
-    for sample, lp in zip(fixed_batch(), tp2["old"], strict=True):
-        with torch.no_grad():
-            log_probs = torch.log_softmax(hf(torch.tensor([sample.tokens])).logits[0], -1)
-        start = len(sample.tokens) - sample.response_length
-        expected = [log_probs[start + i - 1, t].item() for i, t in enumerate(sample.tokens[start:])]
-        assert lp == pytest.approx(expected, abs=1e-4)
+    assert_hf_log_probs(hf, tp2["old"])
 
 
 def test_rng_state_round_trips():
@@ -170,30 +186,9 @@ def test_rng_state_round_trips():
 
 
 def _qwen3_worker(rank: int, world: int, port: int, checkpoint: str, out_path: str) -> None:
-    from transformers import AutoModelForCausalLM
+    from slime_search.backends.megatron.distributed import shutdown
 
-    from megatron_bridge import ModelShape
-    from slime_search.backends.megatron.actor import ActorConfig, MegatronActor
-    from slime_search.backends.megatron.distributed import init_megatron, shutdown
-    from slime_search.backends.megatron.loss import LossConfig
-    from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights
-    from slime_search.backends.megatron.optimizer import OptimConfig
-
-    init_megatron(rank, world, tp_size=world, master_port=port)
-    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    shape, options = ModelShape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
-    model = build_gpt_model(shape, options)
-    load_hf_weights(model, hf.state_dict(), shape, options)
-    config = ActorConfig(
-        loss=LossConfig(eps_clip=0.2, eps_clip_high=0.28, vocab_size=shape.vocab_size),
-        optim=OptimConfig(lr=1e-3, clip_grad=1.0),
-        max_tokens_per_micro_batch=24,
-    )
-    actor = MegatronActor(model, config)
-    samples = fixed_batch()
-    old = actor.compute_log_probs(samples)
-    for sample, lp in zip(samples, old, strict=True):
-        sample.old_log_probs = lp
+    hf, shape, options, config, actor, samples, old = _actor_from_hf(rank, world, port, checkpoint)
     history = [actor.train_step(samples) for _ in range(2)]
     if rank == 0:
         with open(out_path, "w") as handle:
@@ -208,11 +203,6 @@ def test_a_qwen3_actor_gives_hfs_log_probs_at_tp2_and_trains(tiny_qwen3_checkpoi
     mp.spawn(_qwen3_worker, args=(2, free_port(), str(tiny_qwen3_checkpoint), str(out)), nprocs=2, join=True)
     result = json.loads(out.read_text())
     hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3_checkpoint, dtype=torch.float32).eval()
-    for sample, lp in zip(fixed_batch(), result["old"], strict=True):
-        with torch.no_grad():
-            log_probs = torch.log_softmax(hf(torch.tensor([sample.tokens])).logits[0], -1)
-        start = len(sample.tokens) - sample.response_length
-        expected = [log_probs[start + i - 1, t].item() for i, t in enumerate(sample.tokens[start:])]
-        assert lp == pytest.approx(expected, abs=1e-4)
+    assert_hf_log_probs(hf, result["old"])
     losses = [h["loss"] for h in result["history"]]
     assert abs(losses[0]) < 1e-6 and losses[1] < losses[0] - 1e-4  # on-policy start, then the loss falls
