@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from local_dense_retriever.bench import load_queries
+from benchmarks.retriever_throughput import load_queries
 from slime_search.metrics import percentile
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from slime_search.evaluation.subsets import add_eval_subset_arguments
 from slime_search.health.config import add_health_arguments
 from slime_search.rollout.schedule import ASYNC_MODES, BATCH_ORDERS
 from slime_search.search_r1.config import add_search_r1_arguments
@@ -267,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="newest checkpoints kept in SAVE/checkpoints (0: all of them)",
     )
     g.add_argument(
+        "--save-hf",
+        action="store_true",
+        help="also write each checkpoint's weights as an HF folder (SAVE/hf/step_N: weights, config, tokenizer), "
+        "kept and pruned with its checkpoint",
+    )
+    g.add_argument(
         "--seed",
         type=non_negative_int,
         default=1234,
@@ -389,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--use-wandb", action="store_true", help="also log to wandb (offline without an API key)")
     g.add_argument("--wandb-project", default="slime-search", help="wandb project")
     g.add_argument("--wandb-group", default=None, help="wandb group")
+    add_eval_subset_arguments(parser)
     add_health_arguments(parser)
     add_search_r1_arguments(parser)
     add_model_arguments(parser, required=False)

@@ -1,13 +1,19 @@
-"""Evaluate a checkpoint (or a running engine) on Search-R1 test sets: EM / sub-EM / F1 per data source.
+"""Evaluate a checkpoint (or a running engine) on Search-R1 test sets: the paper's table (EM per set and the average,
+each with its 95% bootstrap interval; F1, search rate, turns, format-valid rate), and the comparison of two runs.
 
-    python -m slime_search.eval --hf-checkpoint CKPT --eval-prompt-data nq data/test.parquet \
+    python -m slime_search.eval --hf-checkpoint CKPT --eval-prompt-data nq data/nq_test.parquet ... \
         --search-url http://127.0.0.1:8000/retrieve --apply-chat-template --output eval.json
+    python -m slime_search.eval --grade trajectories.jsonl [...] --output graded.json    # graded as they stand
+    python -m slime_search.eval --compare A.grades.jsonl B.grades.jsonl                   # paired bootstrap, A - B
 
 Greedy decoding through the same generate / reward plugins as training; the metrics are the reward's numeric keys
 per data source (slime_search.rollout.evaluation). With --hf-checkpoint alone an engine is started (the CPU engine
 server; SGLang on GPU with --rollout-num-gpus); --engine-url uses a running one. The CPU engine's log goes beside
 --output (eval.json -> eval.logs/), or without --output to a temporary folder that is removed after a successful run;
-the folder is named at the start, and again if the evaluation fails.
+the folder is named at the start, and again if the evaluation fails. Beside eval.json go the samples
+(eval.samples.jsonl), one graded row per question (eval.grades.jsonl, what --compare pairs) and the table
+(eval.table.md, eval.table.json). --eval-sample N or --eval-interval-width W grades a fixed draw of each set.
+--grade grades trajectory files (response, golden answers, set) or earlier samples with the reward plugin, no engine.
 """
 
 from __future__ import annotations
@@ -20,14 +26,20 @@ from pathlib import Path
 
 def build_parser() -> argparse.ArgumentParser:
     from slime_search.arguments import add_engine_arguments, add_prompt_arguments
+    from slime_search.evaluation.subsets import add_eval_subset_arguments
     from slime_search.search_r1.config import add_search_r1_arguments
     from slime_search.utils.flag_types import non_negative_int, positive_int
 
     parser = argparse.ArgumentParser(description="evaluate a search-calling policy on QA sets")
-    parser.add_argument("--hf-checkpoint", required=True, help="HF folder: tokenizer (and weights to serve)")
-    parser.add_argument(
-        "--eval-prompt-data", nargs="+", required=True, metavar="NAME PATH", help="pairs of name and path"
+    parser.add_argument("--hf-checkpoint", default=None, help="HF folder: tokenizer (and weights to serve)")
+    parser.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH", help="pairs of name and path")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--grade", nargs="+", default=None, metavar="FILE", help="grade trajectories or samples")
+    modes.add_argument(
+        "--compare", nargs=2, default=None, metavar=("A", "B"), help="A - B on the questions both graded, paired"
     )
+    parser.add_argument("--compare-metric", default="em", choices=["em", "f1"], help="what --compare compares")
+    parser.add_argument("--interval-seed", type=non_negative_int, default=0, help="seeds the bootstrap resampling")
     parser.add_argument("--max-samples", type=positive_int, default=None, help="first N rows of each set")
     parser.add_argument(
         "--seed", type=non_negative_int, default=1234, help="seeds the engines' sampling (engine i: seed + i)"
@@ -35,8 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", default=None, help="write the metrics here (json) and the samples beside it")
     add_engine_arguments(parser)
     add_prompt_arguments(parser)
+    add_eval_subset_arguments(parser)
     add_search_r1_arguments(parser)
     return parser
+
+
+def check_engine_inputs(args: argparse.Namespace) -> None:
+    """An evaluation that decodes needs a tokenizer folder and the sets to decode."""
+    needed = {"--hf-checkpoint": args.hf_checkpoint, "--eval-prompt-data": args.eval_prompt_data}
+    missing = [flag for flag, value in needed.items() if not value]
+    if missing:
+        raise ValueError(f"{' and '.join(missing)} needed (or --grade FILES, or --compare A B)")
 
 
 def limited(path: str, max_samples: int | None, out_dir: Path) -> str:
@@ -70,6 +91,7 @@ def evaluate(args: argparse.Namespace, work: Path) -> list:
 
     from slime_search.arguments import eval_sets
     from slime_search.engines.deployment import start_engines
+    from slime_search.evaluation.subsets import eval_subset
     from slime_search.plugins import Plugins
     from slime_search.rollout.data_source import DataConfig
     from slime_search.rollout.manager import evaluation_samples, plugin_args_for, run_rollout
@@ -86,7 +108,8 @@ def evaluate(args: argparse.Namespace, work: Path) -> list:
 
         try:
             data = DataConfig("", args.input_key, args.label_key)
-            return evaluation_samples(sets, data, args.reward_key, run, sampling_params(args, greedy=True))
+            params = sampling_params(args, greedy=True)
+            return evaluation_samples(sets, data, args.reward_key, run, params, eval_subset(args))
         finally:
             engines.stop()
     finally:
@@ -95,15 +118,88 @@ def evaluate(args: argparse.Namespace, work: Path) -> list:
                 Path(path).unlink(missing_ok=True)
 
 
+def write_results(args: argparse.Namespace, samples: list) -> None:
+    """Print the metrics and the table; with --output, write them, the samples and the graded rows beside it."""
+    from slime_search.evaluation.grading import rows_from_samples
+    from slime_search.evaluation.table import search_r1_table, table_markdown, write_rows
+    from slime_search.rollout.evaluation import evaluate_samples
+
+    metrics = evaluate_samples(samples, args.reward_key)
+    for key in sorted(metrics):
+        print(f"{key:40s} {metrics[key]:.4f}")
+    rows = rows_from_samples(samples, args.reward_key)
+    table = search_r1_table(rows, seed=args.interval_seed)
+    markdown = table_markdown(table)
+    print("\n" + markdown)
+    if args.output:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(metrics, indent=1))
+        with open(out.with_suffix(".samples.jsonl"), "w") as handle:
+            for sample in samples:
+                handle.write(json.dumps(sample.to_dict(), default=str) + "\n")
+        write_rows(out.with_suffix(".grades.jsonl"), rows)
+        out.with_suffix(".table.json").write_text(json.dumps(table, indent=1))
+        out.with_suffix(".table.md").write_text(markdown)
+
+
+def graded_rows(path: str, args: argparse.Namespace) -> list[dict]:
+    """The graded rows of a file: a .grades.jsonl as it is; samples or trajectories graded by the reward plugin."""
+    from slime_search.evaluation.grading import read_samples, rows_from_samples
+    from slime_search.evaluation.table import read_rows
+    from slime_search.plugins import load_function
+
+    rows = read_rows(path)
+    if rows and all({"source", "key", "em"} <= set(row) for row in rows):
+        return rows
+    samples = read_samples(path, load_function(args.custom_rm_path), args, args.label_key)
+    return rows_from_samples(samples, args.reward_key)
+
+
+def grade_files(args: argparse.Namespace) -> int:
+    """--grade: the files' samples graded as they stand (no engine), then the results as an evaluation writes them."""
+    from slime_search.evaluation.grading import read_samples
+    from slime_search.plugins import load_function
+
+    reward = load_function(args.custom_rm_path)
+    samples = [s for path in args.grade for s in read_samples(path, reward, args, args.label_key)]
+    write_results(args, samples)
+    return 0
+
+
+def compare_files(args: argparse.Namespace) -> int:
+    """--compare A B: A - B per set and on the average, paired on the questions both runs graded."""
+    from slime_search.evaluation.table import compare_runs, comparison_markdown
+
+    a_path, b_path = args.compare
+    a_rows, b_rows = graded_rows(a_path, args), graded_rows(b_path, args)
+    comparison = compare_runs(a_rows, b_rows, args.interval_seed, args.compare_metric)
+    print(f"A: {a_path}\nB: {b_path}\n")
+    print(comparison_markdown(comparison, args.compare_metric))
+    if args.output:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"a": a_path, "b": b_path, "metric": args.compare_metric, **comparison}, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import shutil
 
     from slime_search.arguments import check_engine_flags, check_or_exit, check_plugins, eval_sets, preflight
-    from slime_search.rollout.evaluation import evaluate_samples
+    from slime_search.plugins import load_function
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_or_exit(parser, args, eval_sets, check_engine_flags, check_plugins)  # usage errors before anything starts
+    if args.grade or args.compare:  # no engine: the reward plugin alone must load
+        check_or_exit(parser, args, lambda parsed: load_function(parsed.custom_rm_path))
+        try:
+            return grade_files(args) if args.grade else compare_files(args)
+        except (ValueError, FileNotFoundError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+    # usage errors before anything starts
+    check_or_exit(parser, args, check_engine_inputs, eval_sets, check_engine_flags, check_plugins)
     preflight(args)
     work, temporary = work_folder(args.output)
     print(f"engine logs and --max-samples files in {work}", file=sys.stderr)
@@ -116,16 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     elif not any(work.iterdir()):  # nothing was started here (--engine-url): no empty folder beside the results
         work.rmdir()
-    metrics = evaluate_samples(samples, args.reward_key)
-    for key in sorted(metrics):
-        print(f"{key:40s} {metrics[key]:.4f}")
-    if args.output:
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(metrics, indent=1))
-        with open(out.with_suffix(".samples.jsonl"), "w") as handle:
-            for sample in samples:
-                handle.write(json.dumps(sample.to_dict(), default=str) + "\n")
+    write_results(args, samples)
     return 0
 
 

@@ -18,11 +18,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from slime_search.health.panels import HEALTH_PANELS, Panel, plot_panels
+from slime_search.evaluation.table import PAPER_SETS, ordered_sources
+from slime_search.health.panels import COLORS, HEALTH_PANELS, Panel, number, plot_panels
 from slime_search.health.verdict import LASTING, events_shown, level, verdict
 from slime_search.utils.records import read_records
 
 STEP_AXIS = "step (weight version for eval)"
+
+
+def draw_eval_interval(ax, records: list[dict[str, Any]], config: dict[str, Any] | None) -> None:
+    """The band of held-out EM's 95% interval at each evaluated version (a subset's: of its whole set's EM)."""
+    points = [(r["step"], number(r, "eval/em_low"), number(r, "eval/em_high")) for r in records]
+    points = [p for p in points if p[1] is not None and p[2] is not None]
+    if points:
+        steps, lows, highs = zip(*points, strict=True)
+        ax.fill_between(steps, lows, highs, color=COLORS[0], alpha=0.15, linewidth=0, label="95% interval")
+
+
 CURVES = (
     Panel("reward.png", "Training reward", (("rollout/reward_mean", "rollout reward (mean)"),), xlabel=STEP_AXIS),
     Panel(
@@ -30,6 +42,7 @@ CURVES = (
         "Exact match",
         (("eval/em", "held-out EM (greedy)"), ("rollout/reward_mean", "training reward")),
         xlabel=STEP_AXIS,
+        draw=draw_eval_interval,
     ),
     Panel(
         "search_rate.png",
@@ -182,6 +195,31 @@ def search_cost_section(records: list[dict[str, Any]]) -> str:
     )
 
 
+def eval_table_section(records: list[dict[str, Any]]) -> str:
+    """The last evaluated version's EM per set with its 95% interval and question count, in the paper's column order
+    (every set the run evaluated), and all questions pooled."""
+    last = next((r for r in reversed(records) if "eval/em" in r), None)
+    if last is None:
+        return ""
+    sources = ordered_sources({k.split("/")[1] for k in last if k.count("/") == 2 and k.endswith("/em")})
+    titles = dict(PAPER_SETS)
+    columns = [(f"eval/{s}", titles.get(s, s)) for s in sources] + [("eval", "all (pooled)")]
+
+    def cell(prefix: str) -> str:
+        em, low, high, n = (last.get(f"{prefix}/{k}") for k in ("em", "em_low", "em_high", "n"))
+        if em is None:
+            return "-"
+        interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        return f"{em:.3f}{interval}" + (f"<br><span class='note'>{n:.0f} questions</span>" if n is not None else "")
+
+    head = "".join(f"<th>{html.escape(title)}</th>" for _, title in columns)
+    cells = "".join(f"<td>{cell(prefix)}</td>" for prefix, _ in columns)
+    return (
+        f"<h2>Held-out EM at version {last['step']} (95% intervals)</h2>"
+        f"<table><tr><th></th>{head}</tr><tr><td>EM</td>{cells}</tr></table>"
+    )
+
+
 def health_config(run_dir: Path) -> dict[str, Any] | None:
     """The guard's bounds as the run recorded them; None for a run that did not."""
     path = run_dir / "health_config.json"
@@ -244,6 +282,7 @@ def render_report(run_dir: str | Path, examples_per_kind: int = 6) -> Path:
         + images(health)
         + "<h2>Reward, exact match, search rate</h2>"
         + images(curves)
+        + eval_table_section(records)
         + "<h2>Per-step metrics</h2>"
         + metrics_table(records, events)
         + "<h2>Rollouts (first and last step; search calls yellow, retrieved passages blue, answers green)</h2>"

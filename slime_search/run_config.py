@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_search.arguments import eval_sets, steps_per_rollout, weight_transport
+from slime_search.evaluation.subsets import eval_subset
 from slime_search.health.config import HealthConfig, health_config
 
 
@@ -148,6 +149,7 @@ def rollout_manager_config(args: argparse.Namespace, engines):
         sampling_params=sampling_params(args),
         eval_sampling_params=sampling_params(args, greedy=True),
         eval_sets=eval_sets(args),
+        eval_subset=eval_subset(args),
         log_dir=args.save,
     )
 
@@ -160,6 +162,7 @@ class RunConfig:
     num_rollout: int
     save_interval: int  # 0: only at the end
     keep_checkpoints: int  # 0: every checkpoint
+    save_hf: bool  # an HF folder beside each checkpoint (RUN/hf/step_N), pruned with it
     eval_interval: int  # 0: only at the end (when there are eval sets)
     log_rollout_examples: int
     colocate: bool
@@ -197,6 +200,7 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
         num_rollout=args.num_rollout,
         save_interval=args.save_interval,
         keep_checkpoints=args.keep_checkpoints,
+        save_hf=args.save_hf,
         eval_interval=args.eval_interval,
         log_rollout_examples=args.log_rollout_examples,
         colocate=args.colocate,

@@ -38,6 +38,23 @@ class RunFolder:
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
+    def hf_folder(self, steps_done: int) -> Path:
+        """Where the HF copy of the checkpoint of `steps_done` steps goes (--save-hf)."""
+        return self.path / "hf" / f"step_{steps_done}"
+
+    def prune_hf_folders(self) -> list[int]:
+        """Remove the HF copies whose checkpoint is gone (pruned, or dropped by a rollback); the steps removed."""
+        import shutil
+
+        kept = set(self.checkpoint_steps())
+        removed = []
+        for folder in sorted((self.path / "hf").glob("step_*")):
+            step = folder.name.removeprefix("step_")
+            if folder.is_dir() and (not step.isdigit() or int(step) not in kept):  # a .partial or a pruned step
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(int(step) if step.isdigit() else -1)
+        return removed
+
     def record_examples(self, step: int, kind: str, examples: list[dict]) -> None:
         append_records(self.examples, [{"step": step, "kind": kind, **example} for example in examples])
 

@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 def evaluate(config, manager, sink, run, version: int) -> dict:
-    from slime_search.ray.placement import wait_with_progress
+    from slime_search.rollout.progress import wait_with_progress
 
     started = time.perf_counter()
     metrics, shown = wait_with_progress(manager, manager.evaluate.remote(config.log_rollout_examples), "eval")
@@ -33,15 +33,23 @@ def evaluate(config, manager, sink, run, version: int) -> dict:
     return metrics
 
 
-def save(run, group, manager, steps_done: int, keep: int, protect: tuple[int, ...] = ()) -> None:
+def save(run, group, manager, steps_done: int, config, protect: tuple[int, ...] = ()) -> None:
     """The actor (model, optimizer, RNG) and the rollout state in one folder that is renamed into place when complete,
-    the tracker file last: a run killed mid-save resumes from the previous complete checkpoint. Then all but the
-    newest `keep` checkpoints are removed, except those of `protect` (the health guard's rollback target)."""
+    the tracker file last: a run killed mid-save resumes from the previous complete checkpoint. With --save-hf, the
+    weights as an HF folder too, streamed shard by shard. Then all but the newest --keep-checkpoints checkpoints (and
+    their HF folders) are removed, except those of `protect` (the health guard's rollback target)."""
     import ray
 
     state = run.rollout_state_file(steps_done, ray.get(manager.state_dict.remote()))
     group.save(str(run.checkpoints), steps_done, state)
-    run.prune_checkpoints(keep, protect)
+    if config.save_hf:
+        sync = config.weight_sync
+        out = str(run.hf_folder(steps_done))
+        group.on_all_ranks("write_hf_streamed", sync.hf_checkpoint, out, sync.bucket_bytes)
+        logger.info("HF checkpoint of step %d: %s", steps_done, out)
+    run.prune_checkpoints(config.keep_checkpoints, protect)
+    if config.save_hf:
+        run.prune_hf_folders()
 
 
 def restore(run, sink, group, manager, transport, colocation, done: int) -> None:
@@ -161,6 +169,20 @@ def event_counts(events, guard) -> dict[str, float]:
     return {**counts, "health/rollbacks": float(guard.rollbacks)}
 
 
+def end_on_checkpoint(target: int, run, group, transport, colocation, rollouts) -> None:
+    """A run the guard stops ends on its last healthy checkpoint: the later ones (and their HF copies) go, so a
+    resume starts there; the actor loads it and the engines serve it (and the disk transport leaves its weights in
+    RUN/weights). The records of the failed steps are kept: the report shows what happened."""
+    rollouts.stop()
+    run.rewind_checkpoints(target)
+    run.prune_hf_folders()
+    colocation.for_training()
+    group.load(str(run.checkpoints), target)
+    if transport is not None:
+        colocation.for_weight_push()
+        transport.push(str(target))
+
+
 def roll_back(event, config, run, sink, group, manager, transport, colocation, guard, rollouts):
     """Back to the newest checkpoint that stayed healthy before the trouble began, with the remedy of one more
     rollback; returns the step to continue from and the new schedule. Stops the run when no rollback is left or no
@@ -168,11 +190,16 @@ def roll_back(event, config, run, sink, group, manager, transport, colocation, g
     from slime_search.health.guard import Event
     from slime_search.rollout.schedule import create_schedule
 
-    if guard.rollbacks >= config.health.max_rollbacks:
-        stop = f"{event.message}; no rollback left (--max-rollbacks {config.health.max_rollbacks})"
-        report([Event(event.step, "stop", event.rule, stop, event.values)], run, guard)
     before = int(event.values.get("since", event.step))
     target = guard.healthy_checkpoint(run.checkpoint_steps(), before)
+    if guard.rollbacks >= config.health.max_rollbacks:
+        stop = f"{event.message}; no rollback left (--max-rollbacks {config.health.max_rollbacks})"
+        values = dict(event.values)
+        if target is not None:  # what the run leaves behind is its last healthy state, not the failing step's
+            end_on_checkpoint(target, run, group, transport, colocation, rollouts)
+            stop += f"; the run ends on the checkpoint of step {target}, the last that stayed healthy"
+            values["ended_on"] = float(target)
+        report([Event(event.step, "stop", event.rule, stop, values)], run, guard)
     if target is None:
         stop = (
             f"{event.message}; no checkpoint at or before step {before} stayed healthy for "
@@ -181,6 +208,7 @@ def roll_back(event, config, run, sink, group, manager, transport, colocation, g
         report([Event(event.step, "stop", event.rule, stop, event.values)], run, guard)
     rollouts.stop()
     run.rewind_checkpoints(target)
+    run.prune_hf_folders()  # the HF copies of the checkpoints dropped go with them
     guard.rolled_back(target)
     schedule = remedied_schedule(config.schedule, guard.rollbacks)
     scale = lr_scale(config.health.lr_factor, guard.rollbacks)
@@ -209,7 +237,7 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
         # the weights the run starts from: the rollback target of a run that goes wrong before a later checkpoint
         # could prove healthy (at lr 1e-2 the miniature broke at its first update)
         colocation.for_weight_push()
-        save(run, group, manager, 0, config.keep_checkpoints)
+        save(run, group, manager, 0, config)
         if config.colocate and transport is not None:  # colocated engines gave their weights up for the save
             transport.push("0")
     rollouts = create_schedule(remedied_schedule(config.schedule, guard.rollbacks), manager)
@@ -268,7 +296,7 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
         if config.save_due(step + 1):
             colocation.for_weight_push()  # the actor's state must be on its device
             target = guard.protected_checkpoint(run.checkpoint_steps())
-            save(run, group, manager, step + 1, config.keep_checkpoints, () if target is None else (target,))
+            save(run, group, manager, step + 1, config, () if target is None else (target,))
         step += 1
 
 
@@ -303,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     from slime_search.metrics import MetricsSink
     from slime_search.ray.colocation import Colocation
     from slime_search.ray.placement import create_rollout_manager
+    from slime_search.ray.session import RECORD_NAME, record_started_processes
     from slime_search.ray.train_group import RayTrainGroup
     from slime_search.report import render_report
     from slime_search.run_config import run_config
@@ -318,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     if not ray.is_initialized():
         # the actors' warnings reach this console: each actor logs WARNING and above to its stderr, which Ray forwards
         ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
+    process_record = run.path / RECORD_NAME  # what a SIGKILLed driver leaves, for the run scripts to stop
+    record_started_processes(process_record)
     group = RayTrainGroup(config.train_group)
     manager = transport = None
     try:
@@ -333,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             transport.connect()
         guard = HealthGuard(config.health, config.rollout.rollout.reward_key)
         start = resume(config, run, group, manager, transport, sink, colocation, guard)
+        record_started_processes(process_record)  # the engines, the actor's workers and Ray's agents are up now
         run_steps(config, start, run, sink, group, manager, transport, colocation, guard)
     except RunStopped as stopped:  # the guard's verdict: the run cannot go on; the report says why as well
         logger.error("run stopped: %s", stopped)

@@ -207,3 +207,54 @@ def test_the_web_search_cost_of_the_run_is_summed_over_training_and_evaluation()
     section = search_cost_section(records)
     assert "200 billed calls, $0.20" in section and "100 answers from the cache" in section
     assert search_cost_section([{"step": 0, "rollout/searches_mean": 1.0}]) == ""  # a run on the local retriever
+
+
+def eval_records():
+    return [
+        {"step": 0, "eval/em": 0.2, "eval/em_low": 0.1, "eval/em_high": 0.3, "eval/n": 64.0},
+        {"step": 1, "rollout/reward_mean": 0.4},
+        {
+            "step": 2,
+            "eval/em": 0.5,
+            "eval/em_low": 0.4,
+            "eval/em_high": 0.6,
+            "eval/n": 164.0,
+            "eval/bamboogle/em": 0.25,
+            "eval/bamboogle/em_low": 0.1,
+            "eval/bamboogle/em_high": 0.4,
+            "eval/bamboogle/n": 64.0,
+            "eval/nq/em": 0.6,
+            "eval/nq/em_low": 0.5,
+            "eval/nq/em_high": 0.7,
+            "eval/nq/n": 100.0,
+            "eval/nq/f1": 0.7,
+        },
+    ]
+
+
+def test_the_last_evaluation_is_tabled_per_set_in_the_papers_order_with_its_intervals():
+    from slime_search.report import eval_table_section
+
+    section = eval_table_section(eval_records())
+    assert "version 2" in section
+    header = re.findall(r"<th>(.*?)</th>", section)
+    assert header == ["", "NQ", "Bamboogle", "all (pooled)"]
+    assert "0.600 [0.500, 0.700]" in section and "0.250 [0.100, 0.400]" in section and "164 questions" in section
+    assert eval_table_section([{"step": 0, "rollout/reward_mean": 0.1}]) == ""
+
+
+def test_the_em_curve_carries_its_interval_band():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from slime_search.report import draw_eval_interval
+
+    fig, ax = plt.subplots()
+    draw_eval_interval(ax, eval_records(), None)
+    [band] = ax.collections
+    assert band.get_label() == "95% interval"
+    xs, ys = band.get_paths()[0].vertices.T
+    assert {0.0, 2.0} <= set(xs) and {0.1, 0.3, 0.4, 0.6} <= {round(y, 6) for y in ys}
+    plt.close(fig)

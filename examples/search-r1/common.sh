@@ -19,12 +19,23 @@ DRIVER_PID=""
 # between foreground commands, so a driver in the foreground would leave INT/TERM unanswered until it finished;
 # in the background it gets the signal at once, and its own shutdown stops its engines, its Ray actors and a Ray
 # cluster it started, before this script stops the services it started itself.
+# A driver that dies without its shutdown (SIGKILL, the kernel's OOM killer) leaves Ray's agents running; the driver
+# records the processes it started in its run folder (--save), and what is left of them is stopped here, by PID and
+# start time (slime_search/ray/session.py).
 run_driver() {
+   local save="" arg previous=""
+   for arg in "$@"; do
+      [[ "${previous}" == "--save" ]] && save=${arg}
+      previous=${arg}
+   done
    "$@" &
    DRIVER_PID=$!
    local status=0
    wait "${DRIVER_PID}" || status=$?
    DRIVER_PID=""
+   if [[ -n "${save}" && -f "${save}/ray_processes.json" ]]; then
+      python3 -m slime_search.ray.session stop "${save}/ray_processes.json" || true
+   fi
    return "${status}"
 }
 

@@ -35,6 +35,7 @@ class HealthConfig:
     max_is_capped_share: float = 0.2  # share of tokens whose importance weight the cap truncates
     length_blowup: float = 2.5  # x the recent median p90 response length
     truncation_rise: float = 0.3  # the share of samples that hit a length budget, above its starting value
+    length_reward_dip: float = 0.05  # length warnings escalate only while the reward's window mean is this far down
     min_positive_shift: float = -0.5  # the log-prob change of rewarded tokens after an update, per token
     patience: int = 3
     # ---- rollbacks: reward drops, or a warning that persists -------------------------------------------------------
@@ -129,6 +130,13 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         help="warn when the share of a rollout's samples that hit a length budget rises this far above its start",
     )
     g.add_argument(
+        "--health-length-reward-dip",
+        type=fraction,
+        default=0.05,
+        help="a length or truncation warning escalates to a rollback only while the training reward's window mean is "
+        "this far below its best (longer responses alone may be a policy learning to search more)",
+    )
+    g.add_argument(
         "--health-min-positive-shift",
         type=non_positive_float,
         default=-0.5,
@@ -196,6 +204,7 @@ def health_config(args: argparse.Namespace) -> HealthConfig:
         max_is_capped_share=args.health_max_is_capped_share,
         length_blowup=args.health_length_blowup,
         truncation_rise=args.health_truncation_rise,
+        length_reward_dip=args.health_length_reward_dip,
         min_positive_shift=args.health_min_positive_shift,
         max_update_kl=args.health_max_update_kl,
         patience=args.health_patience,

@@ -31,6 +31,7 @@ from slime_search.health.config import HealthConfig
 
 ACTIONS = ("warn", "refuse", "skip", "rollback", "stop")
 MIN_NORMS = 3  # applied steps before a gradient-norm spike can be judged
+LENGTH_RULES = ("length_blowup", "truncation")  # escalate only with the reward down too
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class HealthGuard:
         if self.config.enabled and not metrics.get("health/step_skipped"):
             warnings = self._warnings(step, metrics)
             events += warnings
-            events += self._escalations(step, {event.rule for event in warnings})
+            events += self._escalations(step, {event.rule for event in warnings}, metrics)
             events += self._policy_jump(step, metrics)
             events += self._reward_drop(step, metrics)
         self._observe(step, metrics, events)
@@ -258,14 +259,21 @@ class HealthGuard:
             )
         return events
 
-    def _escalations(self, step: int, warned: set[str]) -> list[Event]:
+    def _escalations(self, step: int, warned: set[str], metrics: dict[str, Any]) -> list[Event]:
         """A rollback when a warning has held --health-patience steps in a row; `since`: the streak's first step. A
         warning that has held since the run's first step is a standing condition, not a change: there is no healthier
-        state to go back to, so it stays a warning."""
+        state to go back to, so it stays a warning. Longer responses alone are no sign of trouble (a policy that
+        learns to search more writes more): a length warning escalates only while the training reward is down too."""
         first = self._history[0]["step"] if self._history else step
         streaks = {rule: self._streaks.get(rule, 0) + 1 for rule in warned}
+        shortfall = self._reward_shortfall(metrics)
+        reward_down = shortfall is not None and shortfall[1] - shortfall[0] > self.config.length_reward_dip
         lasting = sorted(
-            (rule for rule, n in streaks.items() if n >= self.config.patience and step - n + 1 > first),
+            (
+                rule
+                for rule, n in streaks.items()
+                if n >= self.config.patience and step - n + 1 > first and (rule not in LENGTH_RULES or reward_down)
+            ),
             key=lambda r: -streaks[r],
         )
         if not lasting:
@@ -290,8 +298,9 @@ class HealthGuard:
     def reward_window(self) -> int:
         return max(1, self.config.window // 2)
 
-    def _reward_drop(self, step: int, metrics: dict[str, Any]) -> list[Event]:
-        """The training reward's mean over the last `reward_window` steps against the best such mean so far."""
+    def _reward_shortfall(self, metrics: dict[str, Any]) -> tuple[float, float, int] | None:
+        """The training reward's mean over the last `reward_window` steps (this one included), the best such mean so
+        far and the step its window began; None before there are two windows."""
         records = [r for r in [*self._history, metrics] if _num(r, "rollout/reward_mean") is not None]
         width = self.reward_window
         means = [
@@ -299,9 +308,17 @@ class HealthGuard:
             for i in range(width, len(records) + 1)
         ]
         if len(means) < 2:
-            return []
+            return None
         best_since, best = max(means, key=lambda m: m[1])
-        now = means[-1][1]
+        return means[-1][1], best, best_since
+
+    def _reward_drop(self, step: int, metrics: dict[str, Any]) -> list[Event]:
+        """The training reward's mean over the last `reward_window` steps against the best such mean so far."""
+        shortfall = self._reward_shortfall(metrics)
+        if shortfall is None:
+            return []
+        now, best, best_since = shortfall
+        width = self.reward_window
         if best - now <= self.config.reward_drop:
             return []
         message = (

@@ -88,7 +88,7 @@ def build_app(tokenizer, seed: int, search_prob: float):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
-    from slime_search.engines.replay_engine import turn_response
+    from slime_search.miniature.scripted_turn import turn_response
 
     app = FastAPI()
     visits: dict[str, int] = {}

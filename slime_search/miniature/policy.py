@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 
 from slime_search.miniature.pretrain import PretrainConfig
-from slime_search.models.tiny_qwen import QWEN2_PATTERN, SPECIAL_TOKENS, TinyQwenConfig
+from slime_search.models.qwen2_tokenizer import QWEN2_PATTERN, SPECIAL_TOKENS
+from slime_search.models.tiny_qwen import TinyQwenConfig
 
 TAGS = ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>")
 
@@ -32,7 +33,7 @@ def task_texts(task_dir: Path) -> list[str]:
 def build_tokenizer(texts: list[str], vocab_size: int):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from slime_search.models.tiny_qwen import chatml_tokenizer
+    from slime_search.models.qwen2_tokenizer import chatml_tokenizer
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(

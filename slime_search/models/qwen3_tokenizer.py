@@ -9,7 +9,7 @@ to read them.
 
 from __future__ import annotations
 
-from slime_search.models.tiny_qwen import build_qwen2_tokenizer
+from slime_search.models.qwen2_tokenizer import build_qwen2_tokenizer
 
 # (content, special) for ids 151646.. in order; 151643-151645 (<|endoftext|>, <|im_start|>, <|im_end|>) are Qwen2's.
 QWEN3_ADDED_TOKENS = (

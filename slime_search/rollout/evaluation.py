@@ -3,23 +3,20 @@
 The reward plugin decides what is measured: every numeric key of the reward it returns (for Search-R1: score, em,
 subem, f1, format_valid, ...) is averaged per data source; a plain float reward is reported under the reward key.
 A sample that never got a reward (a failed search, an aborted generation) counts as 0 on every key. Search rate
-and turns come from the generate plugin's per-sample metrics.
+and turns come from the generate plugin's per-sample metrics. The reward key and EM (where the reward has it) come
+with their 95% bootstrap interval, as KEY_low and KEY_high.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from slime_search.evaluation.grading import reward_numbers
+from slime_search.evaluation.intervals import bootstrap_interval
+from slime_search.evaluation.subsets import set_size
 from slime_search.types import Sample
 
-
-def reward_numbers(reward: float | dict | None, reward_key: str) -> dict[str, float]:
-    """The numeric entries of a reward (booleans as 0/1); a plain number is named by the reward key."""
-    if reward is None:
-        return {}
-    if not isinstance(reward, dict):
-        return {reward_key: float(reward)}
-    return {key: float(value) for key, value in reward.items() if isinstance(value, (int, float))}
+INTERVAL_KEYS = ("em",)  # besides the reward key
 
 
 def evaluate_samples(samples: list[Sample], reward_key: str = "score") -> dict[str, float]:
@@ -34,6 +31,10 @@ def evaluate_samples(samples: list[Sample], reward_key: str = "score") -> dict[s
         n = len(group)
         for key in sorted({key for numbers in rewards for key in numbers}):
             out[f"{prefix}/{key}"] = sum(numbers.get(key, 0.0) for numbers in rewards) / n
+            if key == reward_key or key in INTERVAL_KEYS:
+                values = [numbers.get(key, 0.0) for numbers in rewards]
+                interval = bootstrap_interval(values, population=None if source == "all" else set_size(group))
+                out[f"{prefix}/{key}_low"], out[f"{prefix}/{key}_high"] = interval.low, interval.high
         out[f"{prefix}/search_rate"] = sum(s.metrics.get("searches", 0) > 0 for s in group) / n
         out[f"{prefix}/turns"] = sum(s.metrics.get("turns", 0) for s in group) / n
         out[f"{prefix}/n"] = float(n)

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from slime_search.engines.deployment import EngineConfig
+from slime_search.evaluation.subsets import SET_SIZE_KEY, EvalSubset
 from slime_search.plugins import Plugins
-from slime_search.rollout.data_source import DataConfig, DataSource
+from slime_search.rollout.data_source import DataConfig, DataSource, load_rows
 from slime_search.rollout.rollout import RolloutConfig
 from slime_search.rollout.sample_metrics import mask_stale_tokens, rollout_metrics, sample_record, staleness_metrics
 from slime_search.rollout.stream import ActivityClock, RolloutStream, StreamConfig
@@ -39,6 +40,9 @@ class RolloutManagerConfig:
     sampling_params: dict[str, Any] = field(default_factory=dict)  # training rollouts
     eval_sampling_params: dict[str, Any] = field(default_factory=dict)  # evaluation (greedy)
     eval_sets: tuple[tuple[str, str], ...] = ()  # (name, path) of every --eval-prompt-data set
+    eval_subset: EvalSubset = field(
+        default_factory=EvalSubset
+    )  # which questions of each set are graded (--eval-sample ...)
     log_dir: str = "."  # where the engines' logs go
 
 
@@ -88,17 +92,27 @@ def run_rollout(plugins: Plugins, args, source, config: RolloutConfig, params: d
 
 
 def evaluation_samples(
-    eval_sets: tuple[tuple[str, str], ...], data: DataConfig, reward_key: str, run: Callable, params: dict
+    eval_sets: tuple[tuple[str, str], ...],
+    data: DataConfig,
+    reward_key: str,
+    run: Callable,
+    params: dict,
+    subset: EvalSubset | None = None,
 ) -> list[Sample]:
-    """Every row of every eval set once, in file order; the set's NAME fills in a missing data_source."""
+    """The subset's rows of every eval set (all by default) once, in file order; the set's NAME fills in a missing
+    data_source."""
     samples = []
     for name, path in eval_sets:
-        source = DataSource(replace(data, path=path, shuffle=False))
+        rows = load_rows(path)
+        chosen = [rows[i] for i in (subset or EvalSubset()).indices(name, len(rows))]
+        source = DataSource(replace(data, path=path, shuffle=False), rows=chosen)
         config = RolloutConfig(batch_size=len(source), n_samples_per_prompt=1, reward_key=reward_key)
         groups, _ = run(source, config, params)
         for group in groups:
             for sample in group:
                 sample.metadata["data_source"] = sample.metadata.get("data_source") or name
+                if len(chosen) < len(rows):  # a subset: its interval is about the whole set's score
+                    sample.metadata[SET_SIZE_KEY] = len(rows)
                 samples.append(sample)
     return samples
 
@@ -220,8 +234,9 @@ class RolloutManager:
         from slime_search.rollout.evaluation import evaluate_samples
 
         reward_key = self.config.rollout.reward_key
+        config = self.config
         samples = evaluation_samples(
-            self.config.eval_sets, self.config.data, reward_key, self._run, self.config.eval_sampling_params
+            config.eval_sets, config.data, reward_key, self._run, config.eval_sampling_params, config.eval_subset
         )
         shown = [sample_record(s, reward_key) for s in samples[:examples]]
         return evaluate_samples(samples, reward_key), shown

@@ -55,7 +55,7 @@ class Synchronous:
         """Training (re)starts with the engines serving `policy_version`."""
 
     def next_batch(self, step: int, examples: int):
-        from slime_search.ray.placement import wait_with_progress
+        from slime_search.rollout.progress import wait_with_progress
 
         return wait_with_progress(self.manager, self.manager.generate.remote(examples), f"rollout {step}")
 
@@ -78,7 +78,7 @@ class OneStepOff(Synchronous):
         ray.get(self.manager.start_stream.remote(self.config.staleness, policy_version, self.config.batch_order))
 
     def next_batch(self, step: int, examples: int):
-        from slime_search.ray.placement import wait_with_progress
+        from slime_search.rollout.progress import wait_with_progress
 
         call = self.manager.next_batch.remote(step, examples, self.config.max_token_lag)
         return wait_with_progress(self.manager, call, f"batch {step}")

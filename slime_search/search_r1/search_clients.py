@@ -18,11 +18,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from html.parser import HTMLParser
 
+from slime_search.search_r1.search_error import SearchError
+
 logger = logging.getLogger(__name__)
-
-
-class SearchError(RuntimeError):
-    """A search that failed for good (after retries)."""
 
 
 def format_observation(docs: list[dict], with_urls: bool = False) -> str:

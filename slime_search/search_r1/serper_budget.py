@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from slime_search.search_r1.search_clients import SearchError
+from slime_search.search_r1.search_error import SearchError
 
 AT_BUDGET = ("stop", "replay")
 LEDGER_NAME = "serper_spend.sqlite"

@@ -7,6 +7,8 @@ handles) hands the result on.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def release_ipc_memory() -> None:
     """Free the dropped buckets' device memory. Every bucket is a fresh allocation, and torch keeps a block shared by
@@ -47,6 +49,27 @@ class WeightSyncRank:
         if self.rank != 0:
             return None
         write_hf_checkpoint(full, self.shape, original_hf, out_dir, te_names=self._te_names())
+        return out_dir
+
+    def write_hf_streamed(self, original_hf: str, out_dir: str, bucket_bytes: int) -> str | None:
+        """Rank 0 writes an HF checkpoint shard by shard as the buckets are gathered (the other ranks help gather),
+        into a temporary sibling renamed into place when complete; returns its folder (None on the other ranks)."""
+        import shutil
+
+        from megatron_bridge.hf_io import save_hf_shards
+
+        buckets = self._hf_buckets(bucket_bytes)
+        if self.rank != 0:
+            for _ in buckets:
+                pass
+            return None
+        out = Path(out_dir)
+        tmp = out.with_name(out.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_hf_shards(buckets, Path(original_hf), tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
         return out_dir
 
     # ---- broadcast ------------------------------------------------------------------------------------------------

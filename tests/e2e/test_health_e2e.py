@@ -8,6 +8,8 @@ import os
 import subprocess
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from local_dense_retriever.launch import RetrievalServerProcess
 from slime_search.health.verdict import verdict
@@ -94,6 +96,12 @@ def test_a_rollback_restores_the_start_halves_the_lr_and_a_resume_keeps_the_reme
     ]
     assert log[1]["values"]["to_step"] == 0 and log[1]["values"]["lr_scale"] == 0.5
     assert "no rollback left (--max-rollbacks 1)" in log[3]["message"] and "run stopped" in result.stderr
+    # the stopped run ends on its last healthy checkpoint: the starting weights, served and left in RUN/weights
+    assert "ends on the checkpoint of step 0" in log[3]["message"] and log[3]["values"]["ended_on"] == 0
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["step_0"]
+    left = load_file(run / "weights" / "step_0" / "model.safetensors")
+    start = load_file(tiny_checkpoint / "model.safetensors")
+    assert left.keys() == start.keys() and all(torch.equal(left[k], start[k]) for k in start)
     assert [s["train/lr"] for s in records(run)] == [5e-3]  # the step redone after the rollback, at half the lr
     # the same command, with a bound the updates meet, resumes from the start with the remedy still in force
     resumed = run_training([*base, "--health-max-update-kl", "100"], tmp_path, "resumed")

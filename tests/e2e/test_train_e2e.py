@@ -83,6 +83,7 @@ def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_
             "--rollout-shuffle", "--num-rollout", "3", "--lr", "1e-2", "--entropy-coef", "0.01",
             "--use-kl-loss", "--kl-loss-coef", "0.001",
             "--eval-prompt-data", "nq", str(tmp_path / "eval.parquet"), "--eval-interval", "2", "--save-interval", "1",
+            "--save-hf",
         )  # fmt: skip
         with open(tmp_path / "log1.txt", "w") as log:
             # its own session, so that SIGKILL reaches the driver and every process it started, and nothing else
@@ -119,6 +120,11 @@ def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_
     # --keep-checkpoints 2 (the default) pruned step 1's; the starting weights (checkpoint 0) stay as the health
     # guard's rollback target until a later checkpoint has had --health-confirm-steps clean steps after it
     assert kept == ["iter_0000000", "iter_0000002", "iter_0000003"]
+    # --save-hf: an HF folder beside every checkpoint kept, pruned with them; the last holds the weights pushed last
+    assert sorted(path.name for path in (run / "hf").iterdir()) == ["step_0", "step_2", "step_3"]
+    saved = load_weights(run / "hf" / "step_3" / "model.safetensors")
+    assert saved.keys() == after.keys() and all(torch.equal(saved[k], after[k]) for k in after)
+    assert (run / "hf" / "step_3" / "tokenizer.json").is_file() and (run / "hf" / "step_3" / "config.json").is_file()
     examples = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     assert sorted({(e["kind"], e["step"]) for e in examples}) == [
         ("eval", 0), ("eval", 2), ("eval", 3), ("train", 0), ("train", 1), ("train", 2)
@@ -174,7 +180,18 @@ def test_colocated_run_hands_memory_over_between_phases(tiny_checkpoint, tmp_pat
     every step and gets them back only through a full push of shared-memory handles, bucket by bucket (it refuses
     to generate on half-updated weights)."""
     eval_flags = ["--eval-prompt-data", "nq", str(tmp_path / "eval.parquet"), "--eval-interval", "2"]
-    records = run_three_disk_free_steps(tiny_checkpoint, tmp_path, "--colocate", "--save-interval", "2", *eval_flags)
+    records = run_three_disk_free_steps(
+        tiny_checkpoint, tmp_path, "--colocate", "--save-interval", "2", "--save-hf", *eval_flags
+    )
+    # --save-hf at TP 2 with 1 MiB buckets: the HF folder is written shard by shard and loads as one model
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "run" / "hf" / "step_3"
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    saved = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    start = AutoModelForCausalLM.from_pretrained(tiny_checkpoint).state_dict()
+    assert saved.keys() == start.keys() and any(not torch.equal(saved[k], start[k]) for k in start)
     assert all(r["memory/actor_offloaded_gib"] > 0 for r in records if "train/loss" in r)
     assert [r["step"] for r in records if "eval/em" in r] == [0, 2, 3]
     assert (tmp_path / "run" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "3"

@@ -12,14 +12,14 @@ import pytest
 import torch
 from torch.multiprocessing import reductions
 
-from slime_search.engines import fuzz_cpu_engine
+from benchmarks import engine_fuzz
 from slime_search.utils.server_process import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-POST_ENDPOINTS = list(fuzz_cpu_engine.ENDPOINT_FIELDS)
+POST_ENDPOINTS = list(engine_fuzz.ENDPOINT_FIELDS)
 # /flush_cache and the session calls take no body, as in SGLang, and ignore one.
-BODY_ENDPOINTS = [path for path, fields in fuzz_cpu_engine.ENDPOINT_FIELDS.items() if fields]
+BODY_ENDPOINTS = [path for path, fields in engine_fuzz.ENDPOINT_FIELDS.items() if fields]
 # Fuzz bodies per endpoint: 200 take about 5 s; a longer fuzz is the tool's (docs/benchmarks/engine_fuzz.md).
 FUZZ_REQUESTS = int(os.environ.get("SLIME_ENGINE_FUZZ_REQUESTS", "200"))
 
@@ -79,7 +79,7 @@ def test_a_checkpoint_refused_by_weights_only_gets_400_and_the_old_weights_stay(
     assert response.status_code == 400 and response.json()["success"] is False, response.text
     version = httpx.get(f"{engine.url}/model_info", timeout=30).json()["weight_version"]
     assert version == "3"
-    assert fuzz_cpu_engine.greedy_tokens(engine.url)
+    assert engine_fuzz.greedy_tokens(engine.url)
 
 
 class Call:
@@ -144,9 +144,9 @@ def test_a_join_to_no_group_is_refused_before_any_rendezvous(engine):
 
 
 def test_a_fuzz_of_every_endpoint_gets_no_5xx_and_the_engine_serves_after(engine, tiny_checkpoint):
-    before = fuzz_cpu_engine.greedy_tokens(engine.url)
-    counts = fuzz_cpu_engine.fuzz(engine.url, requests=FUZZ_REQUESTS, seed=7)
-    print(fuzz_cpu_engine.table(counts))
+    before = engine_fuzz.greedy_tokens(engine.url)
+    counts = engine_fuzz.fuzz(engine.url, requests=FUZZ_REQUESTS, seed=7)
+    print(engine_fuzz.table(counts))
     assert set(counts) == set(POST_ENDPOINTS)
     assert all(sum(tally.values()) == FUZZ_REQUESTS for tally in counts.values())
     assert {endpoint: tally.get("5xx", 0) + tally.get("no answer", 0) for endpoint, tally in counts.items()} == {
@@ -155,6 +155,6 @@ def test_a_fuzz_of_every_endpoint_gets_no_5xx_and_the_engine_serves_after(engine
     # most bodies reach the checks (the rest: bodyless endpoints, bodies that happen to be valid)
     assert sum(tally.get("4xx", 0) for tally in counts.values()) > FUZZ_REQUESTS * len(POST_ENDPOINTS) // 2
     assert httpx.get(f"{engine.url}/health", timeout=30).status_code == 200
-    fuzz_cpu_engine.restore(engine.url, str(tiny_checkpoint))
-    assert fuzz_cpu_engine.greedy_tokens(engine.url) == before
+    engine_fuzz.restore(engine.url, str(tiny_checkpoint))
+    assert engine_fuzz.greedy_tokens(engine.url) == before
     assert httpx.get(f"{engine.url}/model_info", timeout=30).json()["weight_version"] == "3"

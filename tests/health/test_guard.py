@@ -209,3 +209,25 @@ def test_a_standing_condition_does_not_keep_checkpoints_from_being_confirmed():
     assert guard.healthy_checkpoint([2, 4], before=6) == 4
     guard.review(6, step_record(6, entropy=5.0, **gap))  # a new warning: trouble
     assert guard.protected_checkpoint([2, 4, 6]) == 4
+
+
+def test_longer_responses_escalate_only_while_the_reward_is_down():
+    """The miniature's healthy synchronous run (seed 0, replica 2) learned to search twice: its p90 length went from
+    35 to the 192-token budget while its reward rose, and a rollback on length alone threw the progress away. Length
+    and truncation warnings now escalate only with the training reward's window mean below its best as well."""
+
+    def run(rewards):
+        guard = HealthGuard(HealthConfig(window=10, length_reward_dip=0.05))  # reward windows of 5 steps
+        events = []
+        for step, reward in enumerate(rewards):
+            length = 35.0 if step < 8 else 192.0
+            events += guard.review(step, step_record(step, reward=reward, length=length))
+        return events
+
+    rising = run([0.2, 0.25, 0.3, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.55, 0.6, 0.6])
+    assert [e.step for e in rising] == [8, 9, 10, 11] and {(e.rule, e.action) for e in rising} == {
+        ("length_blowup", "warn")
+    }
+    falling = run([0.2, 0.4, 0.6, 0.6, 0.6, 0.6, 0.6, 0.55, 0.5, 0.45, 0.42, 0.4])
+    rollback = next(e for e in falling if e.action == "rollback")  # the run goes back there; later steps are redone
+    assert rollback.rule == "length_blowup" and rollback.step == 10 and rollback.values["since"] == 8

@@ -36,6 +36,11 @@ def test_em_subem_f1_and_search_rate_per_data_source():
     assert metrics["eval/em"] == 0.25 and metrics["eval/n"] == 4.0
     assert metrics["eval/turns"] == pytest.approx((2 + 1 + 3 + 1) / 4)
     assert metrics["eval/nq/format_valid"] == 0.0  # no <think> block: Search-R1's format check fails
+    # EM and the reward key carry their 95% interval; other keys do not
+    assert metrics["eval/nq/em_low"] <= 0.5 <= metrics["eval/nq/em_high"]
+    assert metrics["eval/em_low"] <= 0.25 <= metrics["eval/em_high"] and metrics["eval/em_high"] < 1.0
+    assert "eval/score_low" in metrics and "eval/f1_low" not in metrics and "eval/hotpotqa/f1_high" not in metrics
+    assert metrics["eval/hotpotqa/em_low"] == metrics["eval/hotpotqa/em_high"] == 0.0
 
 
 def test_any_numeric_reward_key_is_averaged_and_a_plain_float_is_named_by_the_reward_key():
@@ -93,3 +98,29 @@ def test_rollout_metrics_describe_search_behaviour_and_refuse_mixed_weight_versi
     b.weight_versions = ["3"]
     with pytest.raises(RuntimeError, match="mixed weight versions"):
         rollout_metrics([a, b])
+
+
+def test_evaluation_grades_the_subsets_rows_of_each_set(tmp_path):
+    """--eval-sample: a fixed draw per set, the same at every evaluation; the set's name fills in data_source."""
+    import json
+
+    from slime_search.evaluation.subsets import EvalSubset, fixed_subset
+    from slime_search.rollout.data_source import DataConfig
+    from slime_search.rollout.manager import evaluation_samples
+
+    path = tmp_path / "nq.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"q{i}", "label": ["a"]}) + "\n" for i in range(20)))
+    seen = []
+
+    def run(source, config, params):
+        seen.append(config.batch_size)
+        return [[Sample(prompt=row["prompt"], status=Status.COMPLETED)] for row in source.rows], None
+
+    data = DataConfig("", "prompt", "label")
+    samples = evaluation_samples((("nq", str(path)),), data, "score", run, {}, EvalSubset(size=5, seed=2))
+    assert [s.prompt for s in samples] == [f"q{i}" for i in fixed_subset(20, 5, 2, "nq")] and seen == [5]
+    assert {s.metadata["data_source"] for s in samples} == {"nq"}
+    assert {s.metadata["eval_set_size"] for s in samples} == {20}  # a subset: its interval is about all 20
+    everything = evaluation_samples((("nq", str(path)),), data, "score", run, {})
+    assert [s.prompt for s in everything] == [f"q{i}" for i in range(20)]
+    assert not any("eval_set_size" in s.metadata for s in everything)

@@ -46,7 +46,7 @@ def servers(tmp_path_factory, tiny_checkpoint):
     args = ["--retriever-name", "bm25", "--corpus-path", str(root / "corpus.jsonl"), "--save-dir", str(root)]
     assert build_index.main(args) == 0
     (root / "script.json").write_text(json.dumps(SCRIPT))
-    engine = ["-m", "slime_search.engines.replay_engine", "--tokenizer", str(tiny_checkpoint), "--script",
+    engine = ["-m", "benchmarks.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint), "--script",
               str(root / "script.json"), "--port", "0"]  # fmt: skip
     with (
         RetrievalServerProcess(

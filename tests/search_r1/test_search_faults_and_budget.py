@@ -209,7 +209,7 @@ def test_at_the_budget_a_trajectory_asks_the_run_to_stop_and_the_guard_stops_it(
     monkeypatch.setenv("SERPER_API_KEY", KEY)
     script = {"zebra": ["<search> spend a </search>", "<answer> a </answer>"], "yak": ["<search> spend b </search>"]}
     (tmp_path / "script.json").write_text(json.dumps(script))
-    engine = ["-m", "slime_search.engines.replay_engine", "--tokenizer", str(tiny_checkpoint), "--script",
+    engine = ["-m", "benchmarks.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint), "--script",
               str(tmp_path / "script.json"), "--port", "0"]  # fmt: skip
     with ServerProcess(engine) as engine_server:
         args = search_r1_args(

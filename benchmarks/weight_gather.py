@@ -1,7 +1,7 @@
 """Trainer memory of preparing a weight push: the whole model gathered at once vs streamed unit by unit.
 
-    python -m slime_search.weight_sync.bench_gather                   # a random Megatron model of Qwen2.5-0.5B's shape
-    python -m slime_search.weight_sync.bench_gather --hidden-size 256 --num-layers 4
+    python -m benchmarks.weight_gather                   # a random Megatron model of Qwen2.5-0.5B's shape
+    python -m benchmarks.weight_gather --hidden-size 256 --num-layers 4
 
 Each way runs in a fresh process holding a Megatron model (TP 1, CPU, fp32) and goes through every HF-named tensor
 the way a push does, keeping the current bucket until the next one is drawn:
@@ -95,7 +95,7 @@ def measure(mode: str, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from slime_search.weight_sync.bench_push import add_shape_arguments
+    from benchmarks.weight_push import add_shape_arguments
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_shape_arguments(parser)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{'way':<10} {'model GiB':>10} {'extra peak GiB':>15} {'buckets':>8} {'s':>7}")
     for mode in ("whole", "streamed"):
-        child = [sys.executable, "-m", "slime_search.weight_sync.bench_gather", *(argv or sys.argv[1:]), "--only", mode]
+        child = [sys.executable, "-m", "benchmarks.weight_gather", *(argv or sys.argv[1:]), "--only", mode]
         result = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
         print(
             f"{mode:<10} {result['model_gib']:>10.2f} {result['extra_peak_gib']:>15.2f} "

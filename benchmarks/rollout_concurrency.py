@@ -1,9 +1,9 @@
 """Drive many concurrent Search-R1 trajectories through an engine and a real retriever; print throughput.
 
     # the CPU engine with a tiny random Qwen2 (measures the engine and the loop; a random policy rarely searches)
-    python -m slime_search.search_r1.bench --engine cpu --concurrency 256
+    python -m benchmarks.rollout_concurrency --engine cpu --concurrency 256
     # real Search-R1 turns replayed (searches follow the real 3B model; the retriever and client do real work)
-    python -m slime_search.search_r1.bench --engine replay --concurrency 256
+    python -m benchmarks.rollout_concurrency --engine replay --concurrency 256
 
 The retriever is BM25 over ../shared/data/corpus/wiki18_subset.jsonl unless --index-path names a dense index.
 Prints trajectories/s, searches and turns per trajectory, and the search client's batching factor.
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def load_questions(path: Path, limit: int) -> list[str]:
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         engine_argv = [
             "-m",
-            "slime_search.engines.replay_engine",
+            "benchmarks.stand_in_engines.replay",
             "--tokenizer",
             model_path,
             "--trajectories",

@@ -1,6 +1,6 @@
 """Load benchmark of the retrieval server with real Search-R1 queries.
 
-    python local_dense_retriever/bench.py --index-path IDX/minilm_Flat.index --corpus-path CORPUS.jsonl \
+    python -m benchmarks.retriever_throughput --index-path IDX/minilm_Flat.index --corpus-path CORPUS.jsonl \
         --queries-from ../shared/data/trajectories --num-queries 1000 --topk 3
 
 Launches the server (cache off, so repeated scenarios measure search, not the cache) on a free 127.0.0.1 port,
@@ -21,10 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from slime_search.metrics import percentile  # noqa: E402
+from slime_search.metrics import percentile
 
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 # Refused with a 4xx: not the API's shape, or not JSON the parser takes (nesting deeper than it recurses, an

@@ -1,8 +1,8 @@
 """GPU benchmark of a Megatron train step on a Qwen2.5-3B-shaped model (random weights): tokens/s, memory, MFU.
 
-    torchrun --nproc-per-node 2 -m slime_search.backends.megatron.bench_train --tp 2 --steps 5
+    torchrun --nproc-per-node 2 -m benchmarks.megatron_train --tp 2 --steps 5
     # single GPU:
-    python -m slime_search.backends.megatron.bench_train --tp 1
+    python -m benchmarks.megatron_train --tp 1
 
 Each step is a GRPO policy-loss step over packed random sequences (bf16, TransformerEngine spec, distributed
 optimizer). MFU counts 6 x parameters x tokens (forward + backward, attention FLOPs excluded) against the

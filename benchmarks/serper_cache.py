@@ -1,7 +1,7 @@
 """A run recorded through the Serper cache, then replayed from it: billed calls, cache hits, identical observations.
 
     python tests/search_r1/serper_standin.py --port 8950 --api-key KEY &     # or the real API: --serper-url default
-    SERPER_API_KEY=KEY python -m slime_search.search_r1.bench_serper_cache --serper-url http://127.0.0.1:8950/search
+    SERPER_API_KEY=KEY python -m benchmarks.serper_cache --serper-url http://127.0.0.1:8950/search
 
 Real Search-R1 trajectories are replayed turn by turn (the replay engine), so their searches are the real 3B model's
 queries, through the real generate plugin with `--search-backend serper --serper-cache`. Pass 1 starts from an empty
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from slime_search.search_r1.bench import SHARED, load_questions
+from benchmarks.rollout_concurrency import SHARED, load_questions
 
 
 async def run_pass(args_ns, questions: list[str], concurrency: int) -> tuple[dict, list[str]]:
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer_path = str(save_tiny_checkpoint(work / "tiny"))
     cache = args.cache or str(work / "serper.sqlite")
     questions = load_questions(Path(args.trajectories), args.num_trajectories)
-    engine_argv = ["-m", "slime_search.engines.replay_engine", "--tokenizer", tokenizer_path]
+    engine_argv = ["-m", "benchmarks.stand_in_engines.replay", "--tokenizer", tokenizer_path]
     with ServerProcess([*engine_argv, "--trajectories", args.trajectories, "--port", "0"]) as engine:
         common = dict(
             engine_url=engine.url,

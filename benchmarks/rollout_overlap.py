@@ -1,10 +1,10 @@
 """Step throughput of --async-mode off / one-step / fully at GPU scale, emulated on this machine.
 
-    python -m slime_search.rollout.bench_overlap --engines 1 --actor-gpus 7 --prompts 64 --samples 5 --steps 8
+    python -m benchmarks.rollout_overlap --engines 1 --actor-gpus 7 --prompts 64 --samples 5 --steps 8
 
 The real driver loop (slime_search.train.run_steps), RolloutManager (a Ray actor) and Search-R1 generate plugin run
 against a real retriever (BM25 over ../shared/data/corpus/wiki18_subset.jsonl) and emulated SGLang engines, one per
-H100 (slime_search.engines.emulated_engine: real Search-R1 3B turns from ../shared/data/trajectories, paced by a
+H100 (benchmarks.stand_in_engines.emulated: real Search-R1 3B turns from ../shared/data/trajectories, paced by a
 continuous-batching model of Qwen2.5-3B on an H100). Two stand-ins replace what needs GPUs, each named here:
 * the actor: a step takes the documented Megatron time of a 3B GRPO step, 48 s policy update + 39 s forward for
   2,560 samples on 8 H100 (SkyRL docs/content/docs/examples/megatron.mdx, Qwen2.5-3B-Instruct SearchR1), scaled
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 TRAJECTORIES = ("nq", "triviaqa", "popqa", "bamboogle")
 
 
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     build_index.main(["--retriever-name", "bm25", "--corpus-path", str(corpus), "--save-dir", str(work)])
     prompts = write_prompts(work, limit=100_000)
     engine_argv = [
-        "-m", "slime_search.engines.emulated_engine", "--tokenizer", args.tokenizer, "--port", "0",
+        "-m", "benchmarks.stand_in_engines.emulated", "--tokenizer", args.tokenizer, "--port", "0",
         "--time-scale", str(args.time_scale),
         "--trajectories", *(str(SHARED / "trajectories" / f"search_r1_3b_base_{n}.jsonl") for n in TRAJECTORIES),
     ]  # fmt: skip

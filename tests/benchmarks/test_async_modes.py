@@ -7,10 +7,10 @@ import shlex
 
 import pytest
 
-from slime_search.miniature import bench_async
+from benchmarks import async_modes
 from slime_search.miniature.task import make_task, write_task
 
-SCRIPT_TEXT = bench_async.SCRIPT.read_text()
+SCRIPT_TEXT = async_modes.SCRIPT.read_text()
 
 
 def script_default(name: str) -> str:
@@ -21,11 +21,11 @@ def test_all_held_out_questions_extend_the_run_scripts_held_out_file(tmp_path):
     from slime_search.rollout.data_source import load_rows
 
     script_size = {"people": int(script_default("PEOPLE")), "companies": int(script_default("COMPANIES"))}
-    assert script_size == bench_async.TASK_SIZE
+    assert script_size == async_modes.TASK_SIZE
     seed = 1
     limit = int(script_default("HELDOUT"))
-    script_task = write_task(make_task(seed, **bench_async.TASK_SIZE), tmp_path / "task", heldout_limit=limit)
-    everything = load_rows(bench_async.write_all_heldout(tmp_path, seed))
+    script_task = write_task(make_task(seed, **async_modes.TASK_SIZE), tmp_path / "task", heldout_limit=limit)
+    everything = load_rows(async_modes.write_all_heldout(tmp_path, seed))
     assert load_rows(script_task / "heldout.parquet") == everything[:limit] and len(everything) > 8 * limit
 
 
@@ -46,9 +46,9 @@ def test_wide_eval_searches_as_the_runs_do(tmp_path):
     block = re.search(r"^SEARCH_ARGS=\((.*?)^\)", SCRIPT_TEXT, re.M | re.S).group(1)
     script_flags = pairs(shlex.split(block))
     del script_flags["--search-url"]
-    assert pairs(bench_async.EVAL_FLAGS) == script_flags
+    assert pairs(async_modes.EVAL_FLAGS) == script_flags
 
-    arguments = bench_async.eval_arguments(tmp_path / "rl-off", 20, tmp_path / "h.parquet", "http://x/retrieve")
+    arguments = async_modes.eval_arguments(tmp_path / "rl-off", 20, tmp_path / "h.parquet", "http://x/retrieve")
     parsed = build_parser().parse_args(arguments)  # every flag is one slime_search.eval takes
     assert parsed.hf_checkpoint == str(tmp_path / "rl-off" / "weights" / "step_20")
     assert parsed.max_turns == 2 and parsed.search_topk == 1 and parsed.rollout_max_response_len == 48
@@ -61,7 +61,7 @@ def test_replica_table_compares_each_mode_with_the_mean_of_synchronous_replicas(
         (0, "fully", 0): 0.70, (0, "fully", 1): 0.80,
     }  # fmt: skip
     rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:2]): line for line in
-            bench_async.replica_table(finals, [0], 2, ["off", "one-step", "fully"]).splitlines()}  # fmt: skip
+            async_modes.replica_table(finals, [0], 2, ["off", "one-step", "fully"]).splitlines()}  # fmt: skip
     assert "| 0.850 | +0.000 | 0.100 |" in rows[("0", "off")]
     assert "| 0.850 | +0.000 | 0.020 |" in rows[("0", "one-step")]
     assert "| 0.750 | -0.100 | 0.100 |" in rows[("0", "fully")]
@@ -70,7 +70,7 @@ def test_replica_table_compares_each_mode_with_the_mean_of_synchronous_replicas(
 
 @pytest.mark.parametrize(("p", "n", "expected"), [(0.5, 100, 0.05), (0.9, 600, 0.0122), (1.0, 600, 0.0)])
 def test_standard_error_of_an_exact_match_rate(p, n, expected):
-    assert bench_async.standard_error(p, n) == pytest.approx(expected, abs=1e-4)
+    assert async_modes.standard_error(p, n) == pytest.approx(expected, abs=1e-4)
 
 
 def test_replicas_sample_and_order_prompts_with_seeds_of_their_own(tmp_path):
@@ -80,29 +80,29 @@ def test_replicas_sample_and_order_prompts_with_seeds_of_their_own(tmp_path):
         required = ["--hf-checkpoint", str(tmp_path), "--prompt-data", "x.parquet", "--save", str(tmp_path)]
         run_script = [*required, "--num-rollout", "1", "--rollout-batch-size", "8", "--seed", str(seed)]
         run_script += ["--rollout-seed", str(seed)]  # what run_miniature_cpu.sh passes before RL_ARGS
-        return build_parser().parse_args([*run_script, *bench_async.run_flags(mode, 2, seed, replica).split()])
+        return build_parser().parse_args([*run_script, *async_modes.run_flags(mode, 2, seed, replica).split()])
 
     first, third = parsed("fully", 2, 0), parsed("fully", 2, 2)
     assert (first.seed, first.rollout_seed, first.async_mode, first.max_staleness) == (2, 2, "fully", 2)
-    assert third.seed == third.rollout_seed == bench_async.replica_seed(2, 2) != 2
+    assert third.seed == third.rollout_seed == async_modes.replica_seed(2, 2) != 2
     assert parsed("off", 2, 1).async_mode == "off"
-    assert len({bench_async.replica_seed(seed, r) for seed in range(3) for r in range(5)}) == 15
-    assert bench_async.run_name("fully", "5e-4", 0) == "rl-fully-lr5e-4"
-    assert bench_async.run_name("fully", "5e-4", 3) == "rl-fully-lr5e-4-rep3"
+    assert len({async_modes.replica_seed(seed, r) for seed in range(3) for r in range(5)}) == 15
+    assert async_modes.run_name("fully", "5e-4", 0) == "rl-fully-lr5e-4"
+    assert async_modes.run_name("fully", "5e-4", 3) == "rl-fully-lr5e-4-rep3"
 
 
 def test_wide_eval_reads_the_eval_tools_metrics_once_written(tmp_path):
     """A run evaluated before is read, not evaluated again (no engine is started here: one would fail the test)."""
-    (tmp_path / bench_async.WIDE_EVAL).write_text('{"eval/em": 0.85, "eval/n": 600.0, "eval/f1": 0.9}')
-    assert bench_async.wide_eval(tmp_path, 20, tmp_path / "absent.parquet", "http://127.0.0.1:9/retrieve") == {
+    (tmp_path / async_modes.WIDE_EVAL).write_text('{"eval/em": 0.85, "eval/n": 600.0, "eval/f1": 0.9}')
+    assert async_modes.wide_eval(tmp_path, 20, tmp_path / "absent.parquet", "http://127.0.0.1:9/retrieve") == {
         "wide_em": 0.85,
         "wide_n": 600.0,
     }
 
 
 def test_extra_args_reach_every_run_after_the_modes_own_flags():
-    assert bench_async.run_flags("off", 2, 0, 0, "--save-interval 2") == "--async-mode off --save-interval 2"
-    flags = bench_async.run_flags("fully", 2, 1, 3, "--no-health-guard").split()
+    assert async_modes.run_flags("off", 2, 0, 0, "--save-interval 2") == "--async-mode off --save-interval 2"
+    flags = async_modes.run_flags("fully", 2, 1, 3, "--no-health-guard").split()
     assert flags[-1] == "--no-health-guard" and flags[flags.index("--seed") + 1] == "3001"
 
 
@@ -110,8 +110,8 @@ def test_a_run_the_guard_stopped_is_a_result_evaluated_on_its_last_saved_weights
     run = tmp_path / "rl-fully"
     for step in (2, 10, 4):
         (run / "weights" / f"step_{step}").mkdir(parents=True)
-    assert not bench_async.stopped(run)
-    arguments = bench_async.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
+    assert not async_modes.stopped(run)
+    arguments = async_modes.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
     assert arguments[arguments.index("--hf-checkpoint") + 1] == str(run / "weights" / "step_20")
     events = [
         {"step": 3, "action": "warn"},
@@ -121,24 +121,24 @@ def test_a_run_the_guard_stopped_is_a_result_evaluated_on_its_last_saved_weights
         {"step": 10, "action": "stop"},
     ]
     (run / "health.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    assert bench_async.stopped(run)
-    arguments = bench_async.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
+    assert async_modes.stopped(run)
+    arguments = async_modes.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
     assert arguments[arguments.index("--hf-checkpoint") + 1] == str(run / "weights" / "step_10")  # not step_4
-    assert bench_async.health_summary(run) == {"rollbacks": 1, "warnings": 1, "stopped": 1.0}
+    assert async_modes.health_summary(run) == {"rollbacks": 1, "warnings": 1, "stopped": 1.0}
     with pytest.raises(FileNotFoundError, match="no weights"):
-        bench_async.final_weights(tmp_path / "empty")
+        async_modes.final_weights(tmp_path / "empty")
 
 
 def test_the_health_table_counts_runs_ending_below_their_seeds_synchronous_mean():
-    assert bench_async.deepest_dip([0.1, 0.8, 0.5, 0.9, 0.85]) == pytest.approx(0.3)
-    assert bench_async.deepest_dip([0.1, 0.2, 0.3]) == 0.0
+    assert async_modes.deepest_dip([0.1, 0.8, 0.5, 0.9, 0.85]) == pytest.approx(0.3)
+    assert async_modes.deepest_dip([0.1, 0.2, 0.3]) == 0.0
 
     def run(wide_em, curve=(0.1, 0.8), rollbacks=0, stopped=0.0):
         return {"wide_em": wide_em, "em_curve": list(curve), "rollbacks": rollbacks, "warnings": 2, "stopped": stopped}
 
     runs = {(0, "off", 0): run(0.90), (0, "off", 1): run(0.80), (0, "fully", 0): run(0.79, (0.1, 0.8, 0.0), 1, 1.0)}
     runs[(0, "fully", 1)] = run(0.81)
-    text = bench_async.health_table(runs, [0], 2, ["off", "fully"])
+    text = async_modes.health_table(runs, [0], 2, ["off", "fully"])
     assert "| 0 | fully | 0 | 0.790 | -0.060 | 0.800 | 1 | 2 | yes |" in text
     assert "| 0 | fully | 1 | 0.810 | -0.040 | 0.000 | 0 | 2 | no |" in text
     assert "1 of 4 runs ended more than 0.05 below" in text  # the off run at 0.80 is 0.05 below its mean: not counted

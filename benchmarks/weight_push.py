@@ -1,7 +1,7 @@
 """Time one weight push to a running CPU engine server by each transport: disk, broadcast (gloo), tensor handles.
 
-    python -m slime_search.weight_sync.bench_push                      # a random model of Qwen2.5-0.5B's shape, fp32
-    python -m slime_search.weight_sync.bench_push --hidden-size 256 --num-layers 4 --repeats 5
+    python -m benchmarks.weight_push                      # a random model of Qwen2.5-0.5B's shape, fp32
+    python -m benchmarks.weight_push --hidden-size 256 --num-layers 4 --repeats 5
 
 The trainer side is this process holding the HF-named state (the Megatron gather and name conversion before a
 push are the same for every transport and not timed); the disk-free pushes sit in SGLang's weight-update session,

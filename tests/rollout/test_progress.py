@@ -1,6 +1,6 @@
 """The progress of a rollout where stderr is not a terminal: a plain line every so many seconds."""
 
-from slime_search.ray.placement import ProgressLines
+from slime_search.rollout.progress import ProgressLines
 
 
 def test_a_progress_line_is_due_every_period_and_says_samples_and_elapsed_time():

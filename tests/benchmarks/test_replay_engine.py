@@ -6,7 +6,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from slime_search.engines.replay_engine import turn_response
+from slime_search.miniature.scripted_turn import turn_response
 
 
 def cut_token_by_token(tokenizer, text: str, limit: int, stops: list[str]):

@@ -1,6 +1,6 @@
 """Fuzz the CPU engine server: random JSON, random bytes and random pickles to every POST endpoint, answers counted.
 
-    python -m slime_search.engines.fuzz_cpu_engine --model-path CKPT [--requests 1000] [--seed 0]
+    python -m benchmarks.engine_fuzz --model-path CKPT [--requests 1000] [--seed 0]
 
 It starts the server on the checkpoint (or takes `--url` of a running one serving it), sends `--requests` bodies to
 each endpoint, prints per endpoint how many got 2xx, 4xx, 5xx or no answer, then checks the engine still serves:

@@ -1,7 +1,7 @@
 """Learning under asynchronous training, measured on the CPU miniature: the same SFT start per seed, then GRPO with
 --async-mode off, one-step and fully; held-out EM per run and its difference from the synchronous run of the seed.
 
-    python -m slime_search.miniature.bench_async --out runs/async --seeds 0 1 2 --max-staleness 2 [--rl-lr 5e-4] \
+    python -m benchmarks.async_modes --out runs/async --seeds 0 1 2 --max-staleness 2 [--rl-lr 5e-4] \
         [--wide-eval [--replicas 5]] [--modes one-step fully]
 
 Each seed's task, policy, index and SFT checkpoint are made once (examples/search-r1/run_miniature_cpu.sh skips the
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 MODES = ("off", "one-step", "fully")
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "search-r1" / "run_miniature_cpu.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "search-r1" / "run_miniature_cpu.sh"
 WIDE_EVAL = "wide_eval.json"  # in each run's folder: its final weights' metrics on all held-out questions
 TASK_SIZE = {"people": 800, "companies": 200}  # the run script's PEOPLE and COMPANIES
 EVAL_FLAGS = [  # the run script's search settings: the final weights are evaluated as the runs' own evals are

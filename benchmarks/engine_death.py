@@ -1,7 +1,7 @@
 """What one engine death costs a run: the miniature's GRPO phase with two CPU engines, once undisturbed and once with
 one engine SIGKILLed after a given step; per-step wall times, the step that absorbed the death, failovers, restarts.
 
-    python -m slime_search.miniature.bench_engine_death --run-dir runs/miniature --kill-after-step 5
+    python -m benchmarks.engine_death --run-dir runs/miniature --kill-after-step 5
 
 RUN_DIR must hold a miniature whose task, policy, index and SFT phases are done (examples/search-r1/run_miniature_cpu.sh
 skips them when rerun on it); the two RL runs go to RUN_DIR/rl-2engines and RUN_DIR/rl-2engines-kill. The engine
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "search-r1" / "run_miniature_cpu.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "search-r1" / "run_miniature_cpu.sh"
 
 
 def records(run: Path) -> list[dict]:

@@ -1,9 +1,9 @@
 """An engine that answers SGLang's /generate with real Search-R1 turns at the pace of an SGLang engine on one GPU.
 
-    python -m slime_search.engines.emulated_engine --tokenizer DIR \
+    python -m benchmarks.stand_in_engines.emulated --tokenizer DIR \
         --trajectories ../shared/data/trajectories/search_r1_3b_base_nq.jsonl --port 0 [--time-scale 0.25]
 
-What it says comes from recorded trajectories (slime_search.engines.replay_engine: the turn of the question in the
+What it says comes from recorded trajectories (benchmarks.stand_in_engines.replay: the turn of the question in the
 prompt, cut where SGLang would stop); when it says it comes from a model of continuous batching: every running
 request gains one token per decode step, a step takes the inter-token latency the modelled GPU has at that many
 running requests (`GpuTiming`, interpolated), plus the prefill of the tokens that joined (a trajectory's earlier
@@ -13,7 +13,7 @@ wait. Every emulated duration is multiplied by --time-scale, so a run can go fas
 Weight sync is emulated too: /update_weights_from_disk (and the distributed update) take the modelled push time and
 then serve the new version; /pause_generation (retract) stops decoding with every request's tokens kept, and
 /continue_generation re-prefills them and goes on, each token recording the version that generated it (SGLang's
-`weight_versions` spans). It serves the asynchronous-training benchmark (slime_search.rollout.bench_overlap).
+`weight_versions` spans). It serves the asynchronous-training benchmark (benchmarks.rollout_overlap).
 """
 
 # No `from __future__ import annotations`: FastAPI resolves the handlers' annotations at run time.
@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from slime_search.engines.replay_engine import OBSERVATION_MARKERS, script_from_trajectories, turn_response
+from benchmarks.stand_in_engines.replay import OBSERVATION_MARKERS, script_from_trajectories, turn_response
 from slime_search.search_r1.prompt import normalize_question
 
 QUESTION = re.compile(r"Question: (.*?\?)\n")

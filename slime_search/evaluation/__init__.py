@@ -1,0 +1,1 @@
+"""Evaluation a researcher can publish: the Search-R1 table with intervals, paired comparisons, sized subsets."""
