@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     from slime_search.arguments import add_engine_arguments, add_prompt_arguments
     from slime_search.evaluation.subsets import add_eval_subset_arguments
     from slime_search.search_r1.config import add_search_r1_arguments
-    from slime_search.utils.flag_types import non_negative_int, positive_int
+    from slime_search.utils.flag_types import non_negative_float, non_negative_int, positive_int
 
     parser = argparse.ArgumentParser(description="evaluate a search-calling policy on QA sets")
     parser.add_argument("--hf-checkpoint", default=None, help="HF folder: tokenizer (and weights to serve)")
@@ -45,11 +45,61 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", type=non_negative_int, default=1234, help="seeds the engines' sampling (engine i: seed + i)"
     )
     parser.add_argument("--output", default=None, help="write the metrics here (json) and the samples beside it")
+    judge = parser.add_argument_group("LLM judge (off unless --judge-url is given)")
+    judge.add_argument(
+        "--judge-url", default=None, help="an OpenAI-compatible endpoint, e.g. https://api.openai.com/v1"
+    )
+    judge.add_argument("--judge-model", default=None, help="the judge's model name at that endpoint")
+    judge.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="the environment variable with its key")
+    judge.add_argument(
+        "--judge-cache", default=None, help="SQLite file of verdicts (default: beside --output, else ~/.cache)"
+    )
+    judge.add_argument("--judge-concurrency", type=positive_int, default=8, help="requests in flight")
+    judge.add_argument("--judge-usd-per-million-input", type=non_negative_float, default=0.0, help="for the cost")
+    judge.add_argument("--judge-usd-per-million-output", type=non_negative_float, default=0.0, help="for the cost")
     add_engine_arguments(parser)
     add_prompt_arguments(parser)
     add_eval_subset_arguments(parser)
     add_search_r1_arguments(parser)
     return parser
+
+
+def check_judge_flags(args: argparse.Namespace) -> None:
+    if args.judge_url and not args.judge_model:
+        raise ValueError("--judge-url needs --judge-model")
+
+
+def judge_config(args: argparse.Namespace):
+    from slime_search.evaluation.judge import JudgeConfig
+
+    if args.judge_cache:
+        cache = args.judge_cache
+    elif args.output:
+        cache = str(Path(args.output).with_suffix(".judge.sqlite"))
+    else:
+        cache = str(Path.home() / ".cache" / "slime-search" / "judge.sqlite")
+    return JudgeConfig(
+        args.judge_url,
+        args.judge_model,
+        cache,
+        args.judge_api_key_env,
+        args.judge_concurrency,
+        usd_per_million_input=args.judge_usd_per_million_input,
+        usd_per_million_output=args.judge_usd_per_million_output,
+    )
+
+
+def judge_items(samples: list) -> list:
+    """(question, answer, references) of each sample for the judge; None where the reward found no answer."""
+    from slime_search.evaluation.judge import question_of
+    from slime_search.search_r1.reward import golden_answers_of
+
+    items = []
+    for sample in samples:
+        answer = sample.reward.get("answer") if isinstance(sample.reward, dict) else None
+        references = golden_answers_of(sample.label) if sample.label is not None else []
+        items.append((question_of(sample.prompt), answer, references) if answer and references else None)
+    return items
 
 
 def check_engine_inputs(args: argparse.Namespace) -> None:
@@ -128,6 +178,17 @@ def write_results(args: argparse.Namespace, samples: list) -> None:
     for key in sorted(metrics):
         print(f"{key:40s} {metrics[key]:.4f}")
     rows = rows_from_samples(samples, args.reward_key)
+    if args.judge_url:
+        from slime_search.evaluation.judge import judge_rows
+
+        config = judge_config(args)
+        ledger = judge_rows(rows, judge_items(samples), config)
+        metrics.update({f"eval/{key}": float(value) for key, value in ledger.as_dict(config).items()})
+        print(
+            f"judge {config.model}: {ledger.asked} asked, {ledger.cached} from the cache ({config.cache_path}), "
+            f"{ledger.failed} failed, {ledger.input_tokens} + {ledger.output_tokens} tokens, ${ledger.usd(config):.4f}"
+            + (f"; errors: {' | '.join(sorted(set(ledger.errors))[:3])}" if ledger.errors else "")
+        )
     table = search_r1_table(rows, seed=args.interval_seed)
     markdown = table_markdown(table)
     print("\n" + markdown)
@@ -192,14 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.grade or args.compare:  # no engine: the reward plugin alone must load
-        check_or_exit(parser, args, lambda parsed: load_function(parsed.custom_rm_path))
+        check_or_exit(parser, args, check_judge_flags, lambda parsed: load_function(parsed.custom_rm_path))
         try:
             return grade_files(args) if args.grade else compare_files(args)
         except (ValueError, FileNotFoundError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
     # usage errors before anything starts
-    check_or_exit(parser, args, check_engine_inputs, eval_sets, check_engine_flags, check_plugins)
+    check_or_exit(parser, args, check_engine_inputs, check_judge_flags, eval_sets, check_engine_flags, check_plugins)
     preflight(args)
     work, temporary = work_folder(args.output)
     print(f"engine logs and --max-samples files in {work}", file=sys.stderr)

@@ -69,6 +69,18 @@ def subset_of(group: list[dict]) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
+def judged(group: list[dict], seed: int, population: int | None) -> dict:
+    """With an LLM judge: the share its verdicts accept (EM's hits included) with its interval, over the judged
+    questions, and how many it could not judge; nothing without one."""
+    if not any("judge" in row for row in group):
+        return {}
+    verdicts = [row["judge"] for row in group if row.get("judge") is not None]
+    cell = {"judge_unjudged": len(group) - len(verdicts)}
+    if verdicts:
+        cell["judge"] = bootstrap_interval(verdicts, seed, population=population).as_dict()
+    return cell
+
+
 def _mean(values) -> float | None:
     """The mean, or None when any value is unknown."""
     values = list(values)
@@ -93,6 +105,7 @@ def search_r1_table(rows: list[dict], seed: int = 0) -> dict:
             "turns": _mean(r["turns"] for r in group),
             "format_valid": _mean(r["format_valid"] for r in group),
             "n": len(group),
+            **judged(group, seed, population),
         }
     sets = {source: [r["em"] for r in group] for source, group in grouped.items()}
     f1s = {source: [r["f1"] for r in group] for source, group in grouped.items()}
@@ -105,6 +118,10 @@ def search_r1_table(rows: list[dict], seed: int = 0) -> dict:
         "format_valid": _mean(table[s]["format_valid"] for s in grouped),
         "n": len(rows),
     }
+    verdicts = {s: [r["judge"] for r in g if r.get("judge") is not None] for s, g in grouped.items()}
+    if all(verdicts.values()) and any("judge" in r for r in rows):
+        table[AVERAGE]["judge"] = average_over_sets_interval(verdicts, seed, populations=populations).as_dict()
+        table[AVERAGE]["judge_unjudged"] = sum(table[s].get("judge_unjudged", 0) for s in grouped)
     return table
 
 
@@ -136,9 +153,12 @@ def table_markdown(table: dict, title: str = "") -> str:
         ("search rate", lambda c: _maybe(c["search_rate"], ".3f")),
         ("turns", lambda c: _maybe(c["turns"], ".2f")),
         ("format valid", lambda c: f"{c['format_valid']:.3f}"),
+        ("EM or judge [95% interval]", lambda c: _with_interval(c["judge"]) if "judge" in c else "-"),
         ("questions", lambda c: f"{c['n']}" if c.get("set_size", c["n"]) == c["n"] else f"{c['n']} of {c['set_size']}"),
     )
     for label, show in rows:
+        if label.startswith("EM or judge") and not any("judge" in cell for cell in table.values()):
+            continue  # no judge was asked
         cells = [show(table[name]) if name in table else "-" for name, _ in columns]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
