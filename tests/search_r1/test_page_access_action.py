@@ -4,6 +4,7 @@ retriever serving pages on 127.0.0.1. Off by default, where Search-R1's loop is 
 import asyncio
 import json
 
+import httpx
 import pytest
 
 from local_dense_retriever import build_index
@@ -116,3 +117,67 @@ def test_page_access_is_refused_with_web_search_and_its_url_follows_the_retrieve
     assert SearchR1Config(**config, access_url="http://p/access").page_access_url == "http://p/access"
     with pytest.raises(ValueError, match="--page-access reads pages from the local retriever"):
         SearchR1Config(**config, search_backend="serper")
+
+
+def tool_call(name: str, argument: str, value: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {{"{argument}": "{value}"}}}}\n</tool_call>'
+
+
+NATIVE_SCRIPT = {
+    "red falcon": [
+        tool_call("search", "query", "red falcon"),
+        tool_call("access", "url", f"{WIKI}Red%20Falcon"),
+        "The page says valley 0.\n<answer> valley 0 </answer>",
+    ],
+    "blue otter": [tool_call("access", "url", f"{WIKI}Nowhere"), "<answer> valley 9 </answer>"],
+}
+
+
+def test_with_qwen3s_tool_calls_a_page_is_read_through_the_access_tool(servers, tiny_qwen3_checkpoint, tmp_path):
+    """--tool-format qwen3 --page-access: the access tool is declared in the system turn, its call reads the page as
+    a tool response cut to its budget, a page the server lacks reads as not found; every request is token-exact."""
+    from transformers import AutoTokenizer
+
+    from slime_search.search_r1.tool_format import ACCESS_TOOL
+    from tests.search_r1.test_native_tool_format import check_token_exact
+
+    retriever, _ = servers
+    (tmp_path / "script.json").write_text(json.dumps(NATIVE_SCRIPT))
+    engine_argv = ["-m", "benchmarks.stand_in_engines.replay", "--tokenizer", str(tiny_qwen3_checkpoint), "--script",
+                   str(tmp_path / "script.json"), "--port", "0"]  # fmt: skip
+    with ServerProcess(engine_argv) as engine:
+        args = search_r1_args(
+            engine_url=engine.url, hf_checkpoint=str(tiny_qwen3_checkpoint), search_url=f"{retriever.url}/retrieve",
+            tool_format="qwen3", search_topk=1, max_turns=3, page_access=True, max_page_tokens=64,
+        )  # fmt: skip
+
+        async def go():
+            try:
+                samples = [
+                    Sample(
+                        prompt=[{"role": "user", "content": make_prompt(q, "native")}], label={"target": ["valley 0"]}
+                    )
+                    for q in ("where does the red falcon live", "where does the blue otter live")
+                ]
+                return await asyncio.gather(
+                    *(generate(args, s, {"temperature": 1.0, "max_new_tokens": 96}) for s in samples)
+                )
+            finally:
+                await close_resources()
+
+        read, missing = asyncio.run(go())
+        requests = httpx.get(f"{engine.url}/requests").json()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_checkpoint)
+    prompt = tokenizer.decode(read.tokens[: len(read.tokens) - read.response_length])
+    assert json.dumps(ACCESS_TOOL) in prompt  # declared beside the search tool
+    assert read.status is Status.COMPLETED and read.metadata["finish_reason"] == "answer"
+    assert read.metrics["searches"] == 1 and read.metrics["accesses"] == 1 and read.metrics["access_missing"] == 0
+    text = tokenizer.decode(read.response_tokens)
+    page = text.split(f"{WIKI}Red%20Falcon")[-1].split("<tool_response>\n")[1].split("\n</tool_response>")[0]
+    assert "The red falcon nests in valley number 0" in page and len(page) < len(PAGE_TEXT) / 3  # cut to 64 tokens
+    assert read.metrics["obs_truncations"] == 1
+    assert missing.metrics["access_missing"] == 1 and f"<tool_response>\n{PAGE_NOT_FOUND}\n</tool_response>" in (
+        tokenizer.decode(missing.response_tokens)
+    )
+    for sample in (read, missing):
+        check_token_exact(sample, requests, tokenizer)
