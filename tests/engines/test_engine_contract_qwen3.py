@@ -1,0 +1,61 @@
+"""The engine contract on Qwen3: the contract's tests of generation, stop handling and every weight update, run on
+the tiny Qwen3 (q/k RMSNorm, no q/k/v bias, its own head size, Qwen3's tokenizer) against real SGLang and the CPU
+engine. A q/k norm a transport left behind, or a head size taken from hidden / heads, would part the served
+log-probs from HF's."""
+
+import pytest
+
+from slime_search.models.tiny_qwen import TinyQwenConfig, save_tiny_checkpoint
+from slime_search.utils.server_process import ServerProcess
+from tests.conftest import reset_engine
+from tests.engines.test_engine_contract import (  # noqa: F401 - collected here with this module's Qwen3 fixtures
+    test_broadcast_updates_over_gloo_inside_a_session_and_a_refused_bucket_fails_at_once,
+    test_generate_answers_ids_log_probs_and_finish_reason,
+    test_stop_strings_and_stop_tokens_end_with_the_stop_kept_in_ids_and_trimmed_from_text,
+    test_tensor_updates_must_sit_in_a_weight_update_session,
+    test_update_weights_from_disk_answers_success_and_model_info_the_new_version,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tiny_qwen3_checkpoint):
+    """What the contract's tests serve and compare against: here the tiny Qwen3."""
+    return tiny_qwen3_checkpoint
+
+
+@pytest.fixture(scope="module")
+def other_checkpoint(tmp_path_factory):
+    """The tiny Qwen3 architecture with other weights: what a trainer pushes."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("qwen3_seed1"), TinyQwenConfig(family="qwen3", seed=1))
+
+
+@pytest.fixture(scope="module")
+def cpu_engine_url(tiny_checkpoint):
+    argv = ["-m", "slime_search.engines.cpu_engine_server", "--model-path", str(tiny_checkpoint), "--port", "0"]
+    with ServerProcess([*argv, "--weight-version", "0"], health_path="/health_generate") as process:
+        yield process.url
+
+
+@pytest.fixture(params=["cpu_engine", "sglang"])
+def engine(request, tiny_checkpoint) -> str:
+    """An engine serving the tiny Qwen3 at weight version "0"."""
+    if request.param == "cpu_engine":
+        url = request.getfixturevalue("cpu_engine_url")
+    else:
+        url = request.getfixturevalue("sglang_qwen3_engine").url
+    reset_engine(url, tiny_checkpoint)
+    return url
+
+
+def test_the_contract_runs_here_on_qwen3(tiny_checkpoint, other_checkpoint):
+    """The fixtures the imported tests get in this module are Qwen3's."""
+    import json
+
+    for checkpoint in (tiny_checkpoint, other_checkpoint):
+        config = json.loads((checkpoint / "config.json").read_text())
+        assert (
+            config["model_type"] == "qwen3"
+            and config["head_dim"] * config["num_attention_heads"] != config["hidden_size"]
+        )
