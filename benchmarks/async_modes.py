@@ -34,7 +34,7 @@ WIDE_EVAL = "wide_eval.json"  # in each run's folder: its final weights' metrics
 TASK_SIZE = {"people": 800, "companies": 200}  # the run script's PEOPLE and COMPANIES
 EVAL_FLAGS = [  # the run script's search settings: the final weights are evaluated as the runs' own evals are
     "--search-topk", "1", "--max-turns", "2", "--max-obs-tokens", "96", "--max-response-tokens", "192",
-    "--rollout-max-response-len", "48", "--apply-chat-template",
+    "--rollout-max-response-len", "48", "--apply-chat-template", "--tool-format", "tags",
     "--custom-generate-function-path", "slime_search.search_r1.generate.generate",
     "--custom-rm-path", "slime_search.search_r1.reward.reward_func",
 ]  # fmt: skip

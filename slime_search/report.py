@@ -3,6 +3,7 @@ with its bounds drawn), then the reward, EM and search-rate curves, the per-step
 search calls and retrieved passages highlighted.
 
     python -m slime_search.report RUN_DIR        # (re-)renders RUN_DIR/report/index.html and prints the verdict
+    python -m slime_search.report RUN_DIR --baseline OTHER_RUN   # the other run's held-out EM beside this one's
 
 It reads only what a run writes (RUN_DIR/metrics.jsonl, rollouts.jsonl, health.jsonl, health_config.json), so it
 renders a finished run, a running one, or a copy of either. Long runs stay readable: curves of more than a few
@@ -33,6 +34,24 @@ def draw_eval_interval(ax, records: list[dict[str, Any]], config: dict[str, Any]
     if points:
         steps, lows, highs = zip(*points, strict=True)
         ax.fill_between(steps, lows, highs, color=COLORS[0], alpha=0.15, linewidth=0, label="95% interval")
+
+
+def draw_baseline_eval(baseline: list[dict[str, Any]], name: str):
+    """A panel drawing that adds another run's held-out EM (and its interval band) to this run's."""
+
+    def draw(ax, records: list[dict[str, Any]], config: dict[str, Any] | None) -> None:
+        draw_eval_interval(ax, records, config)
+        points = [(r["step"], number(r, "eval/em")) for r in baseline if number(r, "eval/em") is not None]
+        if points:
+            steps, values = zip(*points, strict=True)
+            ax.plot(steps, values, color="0.45", ls="--", marker="s", markersize=3, label=f"baseline {name}")
+            bands = [(r["step"], number(r, "eval/em_low"), number(r, "eval/em_high")) for r in baseline]
+            bands = [b for b in bands if b[1] is not None and b[2] is not None]
+            if bands:
+                xs, lows, highs = zip(*bands, strict=True)
+                ax.fill_between(xs, lows, highs, color="0.6", alpha=0.12, linewidth=0)
+
+    return draw
 
 
 CURVES = (
@@ -195,18 +214,22 @@ def search_cost_section(records: list[dict[str, Any]]) -> str:
     )
 
 
-def eval_table_section(records: list[dict[str, Any]]) -> str:
+def last_eval(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((r for r in reversed(records) if "eval/em" in r), None)
+
+
+def eval_table_section(records: list[dict[str, Any]], baseline: list[dict[str, Any]] | None = None) -> str:
     """The last evaluated version's EM per set with its 95% interval and question count, in the paper's column order
-    (every set the run evaluated), and all questions pooled."""
-    last = next((r for r in reversed(records) if "eval/em" in r), None)
+    (every set the run evaluated), and all questions pooled; a baseline run's last evaluation in a row below."""
+    last = last_eval(records)
     if last is None:
         return ""
     sources = ordered_sources({k.split("/")[1] for k in last if k.count("/") == 2 and k.endswith("/em")})
     titles = dict(PAPER_SETS)
     columns = [(f"eval/{s}", titles.get(s, s)) for s in sources] + [("eval", "all (pooled)")]
 
-    def cell(prefix: str) -> str:
-        em, low, high, n = (last.get(f"{prefix}/{k}") for k in ("em", "em_low", "em_high", "n"))
+    def cell(prefix: str, record: dict[str, Any] = last) -> str:
+        em, low, high, n = (record.get(f"{prefix}/{k}") for k in ("em", "em_low", "em_high", "n"))
         if em is None:
             return "-"
         interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
@@ -214,9 +237,20 @@ def eval_table_section(records: list[dict[str, Any]]) -> str:
 
     head = "".join(f"<th>{html.escape(title)}</th>" for _, title in columns)
     cells = "".join(f"<td>{cell(prefix)}</td>" for prefix, _ in columns)
+    rows = f"<tr><td>EM</td>{cells}</tr>"
+    other = last_eval(baseline or [])
+    if other is not None:
+        other_cells = "".join(f"<td>{cell(prefix, other)}</td>" for prefix, _ in columns)
+        rows += f"<tr><td>baseline (version {other['step']})</td>{other_cells}</tr>"
+    note = (
+        "<p class='note'>Intervals of two runs are unpaired here; for a paired comparison on the same questions, "
+        "python -m slime_search.eval --compare A.grades.jsonl B.grades.jsonl.</p>"
+        if other is not None
+        else ""
+    )
     return (
         f"<h2>Held-out EM at version {last['step']} (95% intervals)</h2>"
-        f"<table><tr><th></th>{head}</tr><tr><td>EM</td>{cells}</tr></table>"
+        f"<table><tr><th></th>{head}</tr>{rows}</table>{note}"
     )
 
 
@@ -259,16 +293,24 @@ def images(names: list[str]) -> str:
     return "".join(f'<img src="{name}" alt="{name}">' for name in names)
 
 
-def render_report(run_dir: str | Path, examples_per_kind: int = 6) -> Path:
-    """Write RUN_DIR/report/ (PNGs + index.html) from the run's files; returns the HTML path."""
+def render_report(run_dir: str | Path, examples_per_kind: int = 6, baseline: str | Path | None = None) -> Path:
+    """Write RUN_DIR/report/ (PNGs + index.html) from the run's files; returns the HTML path. `baseline`: another
+    run's folder, whose held-out EM is drawn and tabled beside this run's."""
+    from dataclasses import replace
+
     run_dir = Path(run_dir)
     records = read_records(run_dir / "metrics.jsonl")
+    other = read_records(Path(baseline) / "metrics.jsonl") if baseline is not None else None
+    curves_panels = CURVES
+    if other is not None:
+        draw = draw_baseline_eval(other, Path(baseline).name)
+        curves_panels = tuple(replace(p, draw=draw) if p.file == "em.png" else p for p in CURVES)
     events = read_records(run_dir / "health.jsonl")
     config = health_config(run_dir)
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     health = plot_panels(HEALTH_PANELS, records, events, config, out)
-    curves = plot_panels(CURVES, records, events, None, out)
+    curves = plot_panels(curves_panels, records, events, None, out)
     page = (
         f"<html><head><meta charset='utf-8'><title>{html.escape(run_dir.name)}</title><style>{STYLE}</style></head>"
         f"<body><h1>Run {html.escape(run_dir.name)}</h1>"
@@ -282,7 +324,7 @@ def render_report(run_dir: str | Path, examples_per_kind: int = 6) -> Path:
         + images(health)
         + "<h2>Reward, exact match, search rate</h2>"
         + images(curves)
-        + eval_table_section(records)
+        + eval_table_section(records, other)
         + "<h2>Per-step metrics</h2>"
         + metrics_table(records, events)
         + "<h2>Rollouts (first and last step; search calls yellow, retrieved passages blue, answers green)</h2>"
@@ -296,11 +338,14 @@ def render_report(run_dir: str | Path, examples_per_kind: int = 6) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not Path(args[0]).is_dir():
-        print("usage: python -m slime_search.report RUN_DIR", file=sys.stderr)
+    args = sys.argv[1:] if argv is None else list(argv)
+    baseline = None
+    if len(args) == 3 and args[1] == "--baseline":
+        args, baseline = args[:1], args[2]
+    if len(args) != 1 or not Path(args[0]).is_dir() or (baseline is not None and not Path(baseline).is_dir()):
+        print("usage: python -m slime_search.report RUN_DIR [--baseline OTHER_RUN_DIR]", file=sys.stderr)
         return 2
-    page = render_report(args[0])
+    page = render_report(args[0], baseline=baseline)
     print(f"health: {verdict(read_records(Path(args[0]) / 'health.jsonl'))}")
     print(page)
     return 0

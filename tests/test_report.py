@@ -258,3 +258,20 @@ def test_the_em_curve_carries_its_interval_band():
     xs, ys = band.get_paths()[0].vertices.T
     assert {0.0, 2.0} <= set(xs) and {0.1, 0.3, 0.4, 0.6} <= {round(y, 6) for y in ys}
     plt.close(fig)
+
+
+def test_a_baseline_runs_evaluation_is_drawn_and_tabled_beside_this_one(tmp_path, capsys):
+    run, other = tmp_path / "run", tmp_path / "sync"
+    run.mkdir()
+    other.mkdir()
+    write_jsonl(run / "metrics.jsonl", [step_record(s) for s in range(3)] + eval_records())
+    baseline = [
+        {**r, **{k: v - 0.1 for k, v in r.items() if k.endswith("/em")}} for r in eval_records() if "eval/em" in r
+    ]
+    write_jsonl(other / "metrics.jsonl", baseline)
+    assert main([str(run), "--baseline", str(other)]) == 0
+    page = (run / "report" / "index.html").read_text()
+    assert "<td>baseline (version 2)</td>" in page and "0.500 [0.500, 0.700]" in page  # nq's EM 0.6 - 0.1
+    assert "--compare" in page and (run / "report" / "em.png").is_file()
+    assert main([str(run), "--baseline", str(tmp_path / "absent")]) == 2
+    assert "--baseline" in capsys.readouterr().err

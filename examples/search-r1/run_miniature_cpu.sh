@@ -11,6 +11,8 @@
 # Run again with the same RUN_DIR, it skips the phases already complete (each leaves a .done mark): with RL_NAME and
 # RL_ARGS a second RL run starts from the same SFT weights, e.g.
 #    RL_NAME=rl-fully RL_ARGS="--async-mode fully --max-staleness 2" bash examples/search-r1/run_miniature_cpu.sh
+# POLICY=qwen3 TOOL_FORMAT=qwen3 runs it with a Qwen3-shaped policy (Qwen3's added tokens and chat template) that
+# calls search as Qwen3's native tool calls (the demonstrator, the prompts and the loop all speak that format).
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
@@ -36,7 +38,12 @@ read -r -a RL_EXTRA <<<"${RL_ARGS:-}"
 EVAL_INTERVAL=${EVAL_INTERVAL:-5}
 RETRIEVER_PORT=${RETRIEVER_PORT:-8790}
 DEMO_PORT=${DEMO_PORT:-8791}
-POLICY_ARGS=(--hidden-size "${HIDDEN_SIZE:-128}" --num-layers "${NUM_LAYERS:-2}" --num-heads 4 --intermediate-size 384)
+POLICY=${POLICY:-qwen2}
+TOOL_FORMAT=${TOOL_FORMAT:-tags}
+POLICY_ARGS=(--hidden-size "${HIDDEN_SIZE:-128}" --num-layers "${NUM_LAYERS:-2}" --num-heads 4 --intermediate-size 384
+   --family "${POLICY}")
+PROMPT_TEMPLATE=base
+[[ "${TOOL_FORMAT}" == "qwen3" ]] && PROMPT_TEMPLATE=native
 
 done_mark() {  # done_mark PHASE: whether PHASE completed in an earlier run of this RUN_DIR
    [[ -f "${RUN_DIR}/.done-$1" ]]
@@ -48,7 +55,7 @@ mark_done() {
 mkdir -p "${RUN_DIR}"
 if ! done_mark task; then
    python3 -m slime_search.miniature.task --out "${RUN_DIR}/task" --seed "${SEED}" \
-      --people "${PEOPLE}" --companies "${COMPANIES}" --heldout-limit "${HELDOUT}"
+      --people "${PEOPLE}" --companies "${COMPANIES}" --heldout-limit "${HELDOUT}" --prompt-template "${PROMPT_TEMPLATE}"
    mark_done task
 fi
 if ! done_mark policy; then
@@ -73,6 +80,7 @@ SEARCH_ARGS=(
    --max-response-tokens 192
    --rollout-max-response-len 48
    --apply-chat-template
+   --tool-format "${TOOL_FORMAT}"
    --custom-generate-function-path slime_search.search_r1.generate.generate
    --custom-rm-path slime_search.search_r1.reward.reward_func
 )
@@ -90,7 +98,8 @@ COMMON_ARGS=(
 # SFT warm start: the demonstrator plays the engine; the policy learns its format (loss on generated tokens)
 if ! done_mark sft; then
    python3 -m slime_search.miniature.demonstrator --tokenizer "${RUN_DIR}/policy" --seed "${SEED}" \
-      --search-prob "${SEARCH_PROB}" --port "${DEMO_PORT}" >"${RUN_DIR}/demonstrator.log" 2>&1 &
+      --search-prob "${SEARCH_PROB}" --port "${DEMO_PORT}" --tool-format "${TOOL_FORMAT}" \
+      >"${RUN_DIR}/demonstrator.log" 2>&1 &
    DEMO_PID=$!
    STARTED_PIDS+=("${DEMO_PID}")
    wait_http "http://127.0.0.1:${DEMO_PORT}/health" 60 "${DEMO_PID}"

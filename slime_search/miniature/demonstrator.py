@@ -1,6 +1,7 @@
 """A scripted, deliberately imperfect demonstrator of the synthetic task, served behind SGLang's /generate API.
 
-It writes Search-R1 turns in the tag format: on a question it searches with probability `search_prob` (then reads
+It writes Search-R1 turns in the tag format (or, with --tool-format qwen3, searches as Qwen3's tool calls and reads
+the tool responses): on a question it searches with probability `search_prob` (then reads
 the answer, or the founder for a two-hop question, out of the retrieved passages and answers, or searches again),
 and otherwise guesses an answer of the right kind without searching. Supervised fine-tuning on its trajectories,
 collected through the ordinary generate loop and the real retriever, teaches a policy the format and how to use
@@ -13,6 +14,7 @@ search results, but not that searching pays: that is left for reinforcement lear
 import argparse
 import asyncio
 import hashlib
+import json
 import random
 import re
 
@@ -56,7 +58,20 @@ def searches_this_time(question: str, visit: int, seed: int, search_prob: float)
     return int.from_bytes(digest[:8], "big") / 2**64 < search_prob
 
 
-def next_turn(question: str, observations: list[str], decide_search: bool, rng: random.Random) -> str:
+def tag_search(query: str) -> str:
+    return f"<search> {query} </search>"
+
+
+def tool_call_search(query: str) -> str:
+    return f"<tool_call>\n{json.dumps({'name': 'search', 'arguments': {'query': query}})}\n</tool_call>"
+
+
+SEARCH_CALLS = {"tags": tag_search, "qwen3": tool_call_search}
+
+
+def next_turn(
+    question: str, observations: list[str], decide_search: bool, rng: random.Random, search_call=tag_search
+) -> str:
     """The demonstrator's next turn, given the observations so far in this trajectory.
 
     Turns are bare actions (no <think> block): every copy the policy must learn, from the question into the query
@@ -66,12 +81,12 @@ def next_turn(question: str, observations: list[str], decide_search: bool, rng: 
     entity, kind, hops = parse_question(question)
     if not observations:
         if decide_search:  # the question itself is the query
-            return f"<search> {question} </search>"
+            return search_call(question)
         return f"<answer> {guess(kind, rng)} </answer>"
     if hops == 2 and len(observations) == 1:
         founder = read_fact(observations[0], entity, "founder")
         if founder is not None:
-            return f"<search> Where was {founder} born? </search>"
+            return search_call(f"Where was {founder} born?")
         return f"<answer> {guess(kind, rng)} </answer>"
     subject = entity if hops == 1 else read_fact(observations[0], entity, "founder") or entity
     value = read_fact(observations[-1], subject, kind)
@@ -79,12 +94,16 @@ def next_turn(question: str, observations: list[str], decide_search: bool, rng: 
 
 
 def observations_in(prompt: str) -> list[str]:
-    """The <information> blocks the assistant has received so far (not the instructions' mention of the tag)."""
-    trajectory = prompt.rpartition("<|im_start|>assistant\n")[2]
-    return re.findall(r"<information>(.*?)</information>", trajectory, re.DOTALL)
+    """The <information> blocks (or, in the tool-call format, <tool_response> blocks) the assistant has received so
+    far: after the first assistant header (the instructions and the tools' declaration come before it)."""
+    trajectory = prompt.partition("<|im_start|>assistant\n")[2]
+    blocks = re.findall(
+        r"<information>(.*?)</information>|<tool_response>\n(.*?)\n</tool_response>", trajectory, re.DOTALL
+    )
+    return [tagged or tool for tagged, tool in blocks]
 
 
-def build_app(tokenizer, seed: int, search_prob: float):
+def build_app(tokenizer, seed: int, search_prob: float, tool_format: str = "tags"):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
@@ -109,7 +128,7 @@ def build_app(tokenizer, seed: int, search_prob: float):
         if not observations:
             visits[question] = visits.get(question, 0) + 1
         decide = searches_this_time(question, visits.get(question, 1), seed, search_prob)
-        text = next_turn(question, observations, decide, rng)
+        text = next_turn(question, observations, decide, rng, SEARCH_CALLS[tool_format])
         return turn_response(tokenizer, text, body, weight_version="demonstrator", log_prob=lambda i: 0.0)
 
     return app
@@ -124,8 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--search-prob", type=float, default=0.3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--tool-format", choices=tuple(SEARCH_CALLS), default="tags", help="how it calls search")
     args = parser.parse_args(argv)
-    app = build_app(AutoTokenizer.from_pretrained(args.tokenizer), args.seed, args.search_prob)
+    app = build_app(AutoTokenizer.from_pretrained(args.tokenizer), args.seed, args.search_prob, args.tool_format)
     from slime_search.utils.net import listen_socket
 
     sock = listen_socket("127.0.0.1", args.port)

@@ -1,8 +1,12 @@
 """The miniature's policy: a byte-level BPE tokenizer trained on the task's own text, with ChatML special tokens
-and the Search-R1 tags as single tokens, and a small randomly initialised Qwen2 model. Built offline.
+and the Search-R1 tags as single tokens, and a small randomly initialised Qwen2 model. Built offline. With
+--family qwen3: a Qwen3 model (q/k norms, its own head size) and Qwen3's added tokens (<tool_call>, <tool_response>,
+<think>, ...), end-of-turn token and chat template, for the native tool-call format; its BPE also learns the tool
+calls' and tool responses' text.
 
     python -m slime_search.miniature.policy --task DIR --out DIR/policy [--hidden-size 128 --num-layers 4]
         [--pretrain-steps 200]   # reading pre-training (slime_search.miniature.pretrain)
+        [--family qwen3]
 """
 
 from __future__ import annotations
@@ -16,24 +20,49 @@ from slime_search.models.qwen2_tokenizer import QWEN2_PATTERN, SPECIAL_TOKENS
 from slime_search.models.tiny_qwen import TinyQwenConfig
 
 TAGS = ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>")
+QWEN3_TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 
-def task_texts(task_dir: Path) -> list[str]:
-    """What the policy will read and write: passages as observations show them, prompts, the tag format."""
+def native_texts(question: str, observation: str) -> list[str]:
+    """The native format's text around a question: the tools' declaration, a search call, a tool response."""
+    from slime_search.search_r1.tool_format import SEARCH_TOOL
+
+    call = json.dumps({"name": "search", "arguments": {"query": question}})
+    return [
+        json.dumps(SEARCH_TOOL),
+        f"<tool_call>\n{call}\n</tool_call>",
+        f"<tool_response>\n{observation}\n</tool_response>",
+    ]
+
+
+def task_texts(task_dir: Path, native: bool = False) -> list[str]:
+    """What the policy will read and write: passages as observations show them, prompts, the tag format (and with
+    `native`, the tool-call format's text)."""
     from slime_search.rollout.data_source import load_rows
     from slime_search.search_r1.search_clients import format_observation
 
     docs = [json.loads(line) for line in (task_dir / "corpus.jsonl").read_text().splitlines()]
-    texts = [format_observation(docs[i : i + 3]) for i in range(0, len(docs), 3)]
+    observations = [format_observation(docs[i : i + 3]) for i in range(0, len(docs), 3)]
+    texts = list(observations)
     for split in ("train", "heldout"):
-        texts += [row["prompt"][0]["content"] for row in load_rows(task_dir / f"{split}.parquet")]
+        questions = [row["prompt"][0]["content"] for row in load_rows(task_dir / f"{split}.parquet")]
+        texts += questions
+        if native:
+            texts += [
+                t for q, o in zip(questions, observations * len(questions), strict=False) for t in native_texts(q, o)
+            ]
     return texts
 
 
-def build_tokenizer(texts: list[str], vocab_size: int):
+def build_tokenizer(texts: list[str], vocab_size: int, family: str = "qwen2"):
+    """The BPE of the task's text; Qwen2's ChatML, or with family "qwen3" Qwen3's added tokens (not special: a
+    reward or a parser reads them in decoded text), end-of-turn token and chat template."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from slime_search.models.qwen2_tokenizer import chatml_tokenizer
+    from slime_search.models.qwen3_tokenizer import QWEN3_CHAT_TEMPLATE
+
+    added = TAGS + (QWEN3_TOOL_TOKENS if family == "qwen3" else ())
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
@@ -44,14 +73,18 @@ def build_tokenizer(texts: list[str], vocab_size: int):
     )
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(TAGS),
+        vocab_size=vocab_size - len(added),
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     backend.train_from_iterator(texts, trainer)
-    backend.add_tokens([AddedToken(tag, normalized=False) for tag in TAGS])
-    return chatml_tokenizer(backend, model_max_length=4096)
+    backend.add_tokens([AddedToken(tag, normalized=False) for tag in added])
+    tokenizer = chatml_tokenizer(backend, model_max_length=4096)
+    if family == "qwen3":
+        tokenizer.eos_token = "<|im_end|>"
+        tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    return tokenizer
 
 
 def build_policy(
@@ -68,9 +101,15 @@ def build_policy(
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(task_texts(Path(task_dir)), vocab_size)
+    qwen3 = config.family == "qwen3"
+    tokenizer = build_tokenizer(task_texts(Path(task_dir), native=qwen3), vocab_size, config.family)
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    model = build_tiny_qwen(TinyQwenConfig(**{**config.__dict__, "vocab_size": len(tokenizer), "eos_token_id": eos}))
+    ids = {
+        "vocab_size": len(tokenizer),
+        "eos_token_id": eos,
+        "end_of_turn_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    }
+    model = build_tiny_qwen(TinyQwenConfig(**{**config.__dict__, **ids}))
     model.config.pad_token_id = model.generation_config.pad_token_id = eos
     model.generation_config.eos_token_id = [eos, tokenizer.convert_tokens_to_ids("<|im_end|>")]  # as Qwen2.5
     if pretrain is not None and pretrain.steps > 0:
@@ -93,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     # tell "the token 5 back" from "a token 100 back" and never learns to read an answer out of a passage
     parser.add_argument("--rope-theta", type=float, default=10_000.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--family", choices=("qwen2", "qwen3"), default="qwen2", help="the model and its tokens")
     parser.add_argument("--pretrain-steps", type=int, default=0, help="reading pre-training steps at most (0: none)")
     parser.add_argument(
         "--pretrain-target-loss", type=float, default=PretrainConfig.target_loss, help="stop pre-training below it"
@@ -108,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         intermediate_size=args.intermediate_size,
         rope_theta=args.rope_theta,
         seed=args.seed,
+        family=args.family,
     )
     pretrain = PretrainConfig(
         steps=args.pretrain_steps,

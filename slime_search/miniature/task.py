@@ -132,16 +132,17 @@ def make_task(seed: int = 0, people: int = 160, companies: int = 64) -> Task:
     return Task(corpus, train, heldout)
 
 
-def question_row(question: Question, split: str, index: int) -> dict:
+def question_row(question: Question, split: str, index: int, template: str = "base") -> dict:
     from slime_search.search_r1.prompt import make_row
 
     source = "miniature_2hop" if question.hops == 2 else "miniature_1hop"
-    row = make_row({"question": question.question, "golden_answers": [question.answer]}, source, split, index)
+    example = {"question": question.question, "golden_answers": [question.answer]}
+    row = make_row(example, source, split, index, template)
     row["extra_info"] = {**row["extra_info"], "hops": question.hops, "kind": question.kind}
     return row
 
 
-def write_task(task: Task, out: str | Path, heldout_limit: int | None = None) -> Path:
+def write_task(task: Task, out: str | Path, heldout_limit: int | None = None, template: str = "base") -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -152,7 +153,7 @@ def write_task(task: Task, out: str | Path, heldout_limit: int | None = None) ->
             handle.write(json.dumps(doc) + "\n")
     heldout = task.heldout[:heldout_limit] if heldout_limit else task.heldout
     for name, questions in (("train", task.train), ("heldout", heldout)):
-        rows = [question_row(q, name, i) for i, q in enumerate(questions)]
+        rows = [question_row(q, name, i, template) for i, q in enumerate(questions)]
         pq.write_table(pa.Table.from_pylist(rows), out / f"{name}.parquet")
     return out
 
@@ -164,9 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--people", type=int, default=160)
     parser.add_argument("--companies", type=int, default=64)
     parser.add_argument("--heldout-limit", type=int, default=None, help="keep the first N held-out questions")
+    parser.add_argument(
+        "--prompt-template", choices=("base", "native"), default="base", help="native: for --tool-format qwen3"
+    )
     args = parser.parse_args(argv)
     task = make_task(args.seed, args.people, args.companies)
-    write_task(task, args.out, args.heldout_limit)
+    write_task(task, args.out, args.heldout_limit, args.prompt_template)
     print(f"{len(task.corpus)} passages, {len(task.train)} training and {len(task.heldout)} held-out questions")
     return 0
 

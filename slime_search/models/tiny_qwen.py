@@ -31,6 +31,7 @@ class TinyQwenConfig:
     rope_theta: float = 1_000_000.0  # Qwen2.5's; short-context models trained from scratch want ~1e4
     seed: int = 0
     eos_token_id: int = 151643  # <|endoftext|> of Qwen2's tokenizer
+    end_of_turn_id: int = 151645  # <|im_end|>: Qwen3's config.json names it as the model's eos
     family: str = "qwen2"  # or "qwen3"
     head_dim: int = 32  # Qwen3 only: not hidden_size / num_heads (16 here), as in Qwen3-4B (2560 / 32 vs 128)
 
@@ -57,7 +58,7 @@ def build_tiny_qwen(config: TinyQwenConfig = TinyQwenConfig()):
         rope_theta=config.rope_theta,
         rms_norm_eps=1e-6,
         bos_token_id=config.eos_token_id,
-        eos_token_id=151645 if qwen3 else config.eos_token_id,  # Qwen3's config.json: <|im_end|>
+        eos_token_id=config.end_of_turn_id if qwen3 else config.eos_token_id,  # Qwen3's config.json: <|im_end|>
         torch_dtype="float32",
     )
     torch.manual_seed(config.seed)

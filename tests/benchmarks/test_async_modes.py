@@ -44,6 +44,8 @@ def test_wide_eval_searches_as_the_runs_do(tmp_path):
     from slime_search.eval import build_parser
 
     block = re.search(r"^SEARCH_ARGS=\((.*?)^\)", SCRIPT_TEXT, re.M | re.S).group(1)
+    assert "TOOL_FORMAT=${TOOL_FORMAT:-tags}" in SCRIPT_TEXT
+    block = block.replace('"${TOOL_FORMAT}"', "tags")  # the script's default, the format the benchmark's runs use
     script_flags = pairs(shlex.split(block))
     del script_flags["--search-url"]
     assert pairs(async_modes.EVAL_FLAGS) == script_flags

@@ -69,6 +69,51 @@ def test_demonstrator_searches_reads_and_answers_two_hop_questions():
     assert re.fullmatch(r"<answer> (\w+) </answer>", guess).group(1) in CITIES
 
 
+def test_the_demonstrator_speaks_qwen3_tool_calls_and_reads_tool_responses():
+    """POLICY=qwen3 TOOL_FORMAT=qwen3: the same decisions, searches as Qwen3's tool calls, observations read from the
+    tool responses of the whole trajectory (each turn opens an assistant header of its own)."""
+    task = make_task(seed=1, people=30, companies=10)
+    question = next(q for q in task.train if q.hops == 2)
+    docs = {d["contents"].split("\n")[0].strip('"'): d["contents"] for d in task.corpus}
+    rng = random.Random(0)
+    first = demo.next_turn(question.question, [], True, rng, demo.tool_call_search)
+    call = json.loads(first.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+    assert call == {"name": "search", "arguments": {"query": question.question}}
+    prompt = (
+        "<|im_start|>system\n# Tools ... <tool_call></tool_call><|im_end|>\n<|im_start|>user\nQuestion: x?<|im_end|>\n"
+        f"<|im_start|>assistant\n{first}<|im_end|>\n<|im_start|>user\n<tool_response>\n"
+        f"{observation(docs[question.entity])}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    observations = demo.observations_in(prompt)
+    assert observations == [observation(docs[question.entity])]
+    second = demo.next_turn(question.question, observations, True, rng, demo.tool_call_search)
+    assert json.loads(second.split("\n")[1])["arguments"]["query"] == f"Where was {question.bridge} born?"
+    tagged = f"<|im_start|>assistant\n<search> q </search>\n\n<information>{observation(docs[question.entity])}</information>"
+    assert demo.observations_in(tagged) == [observation(docs[question.entity])]  # the tag format as before
+
+
+def test_a_qwen3_miniature_tokenizer_has_qwen3s_tool_tokens_and_template(tmp_path):
+    from slime_search.miniature.policy import build_tokenizer, task_texts
+    from slime_search.search_r1.tool_format import SEARCH_TOOL
+
+    write_task(make_task(seed=0, people=20, companies=6), tmp_path, template="native")
+    texts = task_texts(tmp_path, native=True)
+    assert any(t.startswith('<tool_call>\n{"name": "search"') for t in texts)
+    tokenizer = build_tokenizer(texts, 1024, "qwen3")
+    for token in ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "<answer>"):
+        assert len(tokenizer.encode(token, add_special_tokens=False)) == 1, token
+    assert tokenizer.eos_token == "<|im_end|>"
+    messages = [{"role": "user", "content": "Question: where?"}]
+    text = tokenizer.apply_chat_template(messages, tools=[SEARCH_TOOL], tokenize=False, add_generation_prompt=True, enable_thinking=False)  # fmt: skip
+    assert "<tools>\n" + json.dumps(SEARCH_TOOL) in text and text.endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    from slime_search.rollout.data_source import load_rows
+
+    prompt = load_rows(tmp_path / "train.parquet")[0]["prompt"][0]["content"]
+    assert "call the search tool" in prompt and "<search>" not in prompt  # the native prompt template
+
+
 def test_demonstrator_coin_is_seeded_per_question_visit_and_has_the_asked_rate():
     draws = [demo.searches_this_time(f"q{i}", 1, seed=0, search_prob=0.3) for i in range(4000)]
     assert abs(sum(draws) / len(draws) - 0.3) < 0.03
