@@ -34,6 +34,7 @@ RL_PROMPTS=${RL_PROMPTS:-8}
 RL_SAMPLES=${RL_SAMPLES:-8}
 RL_LR=${RL_LR:-5e-4}
 RL_NAME=${RL_NAME:-rl}
+RL_SAVE_INTERVAL=${RL_SAVE_INTERVAL:-5}  # checkpoints the health guard can roll back to (0: only at the end)
 read -r -a RL_EXTRA <<<"${RL_ARGS:-}"
 EVAL_INTERVAL=${EVAL_INTERVAL:-5}
 RETRIEVER_PORT=${RETRIEVER_PORT:-8790}
@@ -116,7 +117,7 @@ run_driver python3 "${REPO_ROOT}/train.py" "${COMMON_ARGS[@]}" "${SEARCH_ARGS[@]
    --num-rollout "${RL_STEPS}" --rollout-batch-size "${RL_PROMPTS}" --n-samples-per-prompt "${RL_SAMPLES}" \
    --advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 --use-tis --lr "${RL_LR}" \
    --eval-prompt-data heldout "${RUN_DIR}/task/heldout.parquet" --eval-interval "${EVAL_INTERVAL}" \
-   --log-rollout-examples 6 "${RL_EXTRA[@]}"
+   --save-interval "${RL_SAVE_INTERVAL}" --log-rollout-examples 6 "${RL_EXTRA[@]}"
 
 python3 -m slime_search.report "${RUN_DIR}/${RL_NAME}"
 python3 - "${RUN_DIR}/${RL_NAME}/metrics.jsonl" <<'PY'

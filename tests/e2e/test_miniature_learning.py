@@ -20,9 +20,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_grpo_raises_held_out_em_and_search_rate_from_the_sft_start(tmp_path):
+@pytest.mark.parametrize(
+    "policy", [{}, {"POLICY": "qwen3", "TOOL_FORMAT": "qwen3"}], ids=["qwen2-tags", "qwen3-native-tool-calls"]
+)
+def test_grpo_raises_held_out_em_and_search_rate_from_the_sft_start(tmp_path, policy):
     env = {
         **os.environ,
+        **policy,
         "RUN_DIR": str(tmp_path / "run"),
         "SEED": "0",
         "HELDOUT": "32",
@@ -45,3 +49,7 @@ def test_grpo_raises_held_out_em_and_search_rate_from_the_sft_start(tmp_path):
     assert last["eval/em"] >= first["eval/em"] + 0.3, (first["eval/em"], last["eval/em"])
     assert last["eval/search_rate"] >= first["eval/search_rate"] + 0.5, (first, last)
     assert (tmp_path / "run" / "rl" / "report" / "index.html").is_file()
+    if policy:  # the native format all the way: the policy's own searches are Qwen3 tool calls
+        examples = [json.loads(line) for line in (tmp_path / "run" / "rl" / "rollouts.jsonl").read_text().splitlines()]
+        generated = "".join(text for e in examples if e["kind"] == "eval" and e["step"] == 8 for text, mine in e["segments"] if mine)  # fmt: skip
+        assert '<tool_call>\n{"name": "search"' in generated and "<search>" not in generated
