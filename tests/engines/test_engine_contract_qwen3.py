@@ -6,9 +6,9 @@ log-probs from HF's."""
 import pytest
 
 from slime_search.models.tiny_qwen import TinyQwenConfig, save_tiny_checkpoint
-from slime_search.utils.server_process import ServerProcess
 from tests.conftest import reset_engine
 from tests.engines.test_engine_contract import (  # noqa: F401 - collected here with this module's Qwen3 fixtures
+    cpu_engine_url,
     test_broadcast_updates_over_gloo_inside_a_session_and_a_refused_bucket_fails_at_once,
     test_generate_answers_ids_log_probs_and_finish_reason,
     test_stop_strings_and_stop_tokens_end_with_the_stop_kept_in_ids_and_trimmed_from_text,
@@ -29,13 +29,6 @@ def tiny_checkpoint(tiny_qwen3_checkpoint):
 def other_checkpoint(tmp_path_factory):
     """The tiny Qwen3 architecture with other weights: what a trainer pushes."""
     return save_tiny_checkpoint(tmp_path_factory.mktemp("qwen3_seed1"), TinyQwenConfig(family="qwen3", seed=1))
-
-
-@pytest.fixture(scope="module")
-def cpu_engine_url(tiny_checkpoint):
-    argv = ["-m", "slime_search.engines.cpu_engine_server", "--model-path", str(tiny_checkpoint), "--port", "0"]
-    with ServerProcess([*argv, "--weight-version", "0"], health_path="/health_generate") as process:
-        yield process.url
 
 
 @pytest.fixture(params=["cpu_engine", "sglang"])
