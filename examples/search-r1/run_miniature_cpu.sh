@@ -61,7 +61,8 @@ if ! done_mark task; then
 fi
 if ! done_mark policy; then
    python3 -m slime_search.miniature.policy --task "${RUN_DIR}/task" --out "${RUN_DIR}/policy" \
-      --seed "${SEED}" --vocab-size 8192 "${POLICY_ARGS[@]}" --pretrain-steps "${PRETRAIN_STEPS}"
+      --seed "${SEED}" --vocab-size 8192 "${POLICY_ARGS[@]}" --pretrain-steps "${PRETRAIN_STEPS}" \
+      --tool-format "${TOOL_FORMAT}"
    mark_done policy
 fi
 if ! done_mark index; then

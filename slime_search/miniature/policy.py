@@ -139,7 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--pretrain-lr", type=float, default=PretrainConfig.lr)
     parser.add_argument("--pretrain-batch-size", type=int, default=PretrainConfig.batch_size)
+    parser.add_argument(
+        "--tool-format",
+        choices=("tags", "qwen3"),
+        default="tags",
+        help="the layout of the pre-training documents: the run's --tool-format (qwen3 needs --family qwen3)",
+    )
     args = parser.parse_args(argv)
+    if args.tool_format == "qwen3" and args.family != "qwen3":
+        parser.error("--tool-format qwen3 needs --family qwen3: Qwen2's tokenizer has no <tool_call> tokens")
     config = TinyQwenConfig(
         hidden_size=args.hidden_size,
         num_layers=args.num_layers,
@@ -156,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.pretrain_batch_size,
         lr=args.pretrain_lr,
         seed=args.seed,
+        tool_format=args.tool_format,
     )
     print(build_policy(args.task, args.out, config, args.vocab_size, pretrain))
     return 0

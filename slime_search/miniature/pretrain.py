@@ -17,6 +17,10 @@ with ~100 candidates the only way down is to copy the word after "born in", whic
 the decision to search or answer, so pre-training teaches how to search and read, never whether to: that prior
 comes from the demonstrations (SFT) and is corrected by RL.
 RoPE offsets are relative, so the copy heads learnt here work unchanged inside the full prompt.
+
+With `tool_format="qwen3"` the documents are written in the layout the native loop produces (searches as Qwen3
+tool calls, passages inside the template's tool responses, thinking off), and the whole-prompt quarter declares the
+search tool in the system turn as the run's prompts do: the copy heads are learnt at the distances RL will use.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class PretrainConfig:
     max_obs_tokens: int = 96  # as the run's --max-obs-tokens
     full_prompt_fraction: float = 0.25  # documents under Search-R1's whole instruction prompt
     seed: int = 0
+    tool_format: str = "tags"  # the layout of the documents: "tags" (Search-R1) or "qwen3" (native tool calls)
 
 
 @dataclass(frozen=True)
@@ -53,36 +58,73 @@ def passages_by_title(corpus_path: Path) -> dict[str, dict]:
 
 
 def reading_document(
-    question: str, tokenizer, passages: dict[str, dict], max_obs_tokens: int, full_prompt: bool = False
+    question: str,
+    tokenizer,
+    passages: dict[str, dict],
+    max_obs_tokens: int,
+    full_prompt: bool = False,
+    tool_format: str = "tags",
 ) -> Document:
     """One always-searching trajectory of the demonstrator, under the bare question or (`full_prompt`) Search-R1's
-    prompt; lookup by title stands in for retrieval (top-1 BM25 returns that passage for the demonstrator's
-    queries)."""
-    from slime_search.miniature.demonstrator import next_turn, parse_question
-    from slime_search.search_r1.generate import observation_ids
-    from slime_search.search_r1.prompt import make_prompt
+    prompt, in the run's `tool_format`; lookup by title stands in for retrieval (top-1 BM25 returns that passage
+    for the demonstrator's queries)."""
+    from slime_search.miniature.demonstrator import SEARCH_CALLS, next_turn, parse_question
 
-    content = make_prompt(question) if full_prompt else f"Question: {question}\n"
-    prompt = [{"role": "user", "content": content}]
-    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = reading_prompt_ids(question, tokenizer, full_prompt, tool_format)
     mask = [0] * len(ids)
     observations: list[str] = []
     rng = random.Random(0)  # unused: the demonstrator only guesses when it does not search
     for _ in range(3):
-        turn = next_turn(question, observations, True, rng)
+        turn = next_turn(question, observations, True, rng, SEARCH_CALLS[tool_format])
         turn_ids = tokenizer.encode(turn, add_special_tokens=False)
         ids += turn_ids
         mask += [0 if not observations else 1] + [1] * (len(turn_ids) - 1)  # not the search-or-answer decision
         if turn.startswith("<answer>"):
             return Document(ids, mask)
-        query = re.fullmatch(r"<search> (.*) </search>", turn).group(1)
-        entity, _, _ = parse_question(query)  # the demonstrator's queries are questions of the task
-        obs_ids, _ = observation_ids(tokenizer, [passages[entity]], max_obs_tokens)
+        entity, _, _ = parse_question(search_query(turn, tool_format))  # its queries are questions of the task
+        obs_ids = reading_observation_ids(tokenizer, passages[entity], max_obs_tokens, tool_format)
         ids += obs_ids
         mask += [0] * len(obs_ids)
         observations.append(tokenizer.decode(obs_ids))
     raise ValueError(f"the demonstrator did not answer {question!r} within three turns")
+
+
+def reading_prompt_ids(question: str, tokenizer, full_prompt: bool, tool_format: str) -> list[int]:
+    """The prompt as the run renders it: the chat template's user turn and generation prompt; in the native
+    format with thinking off, and with the search tool declared under the whole prompt."""
+    from slime_search.search_r1.prompt import make_prompt
+    from slime_search.search_r1.tool_format import native_prompt_ids
+
+    native = tool_format == "qwen3"
+    content = make_prompt(question, "native" if native else "base") if full_prompt else f"Question: {question}\n"
+    if native and full_prompt:
+        return native_prompt_ids(tokenizer, content, page_access=False, thinking=False)
+    extra = {"enable_thinking": False} if native else {}
+    prompt = [{"role": "user", "content": content}]
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **extra)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def search_query(turn: str, tool_format: str) -> str:
+    from slime_search.search_r1.tool_format import parse_tool_call
+
+    if tool_format == "qwen3":
+        name, query = parse_tool_call(turn.removeprefix("<tool_call>").removesuffix("</tool_call>"), False)
+        assert name == "search", turn  # the demonstrator writes only valid search calls
+        return query
+    return re.fullmatch(r"<search> (.*) </search>", turn).group(1)
+
+
+def reading_observation_ids(tokenizer, passage: dict, max_obs_tokens: int, tool_format: str) -> list[int]:
+    """The passage as the loop appends it: an <information> block, or (native) the template's tool response after
+    a turn that stopped at </tool_call>."""
+    from slime_search.search_r1.generate import observation_body, observation_ids
+    from slime_search.search_r1.tool_format import bounded_ids, tool_response_text
+
+    if tool_format == "qwen3":
+        body = observation_body([passage])
+        return bounded_ids(tokenizer, lambda text: tool_response_text(text, False, False), body, max_obs_tokens)[0]
+    return observation_ids(tokenizer, [passage], max_obs_tokens)[0]
 
 
 def counterfactual_passages(passages: dict[str, dict], seed: int) -> dict[str, dict]:
@@ -165,7 +207,12 @@ def pretrain_on_task(model, tokenizer, task_dir: str | Path, config: PretrainCon
     passages = passages_by_title(task_dir / "corpus.jsonl")
     swapped = counterfactual_passages(passages, config.seed)
     questions = training_questions(task_dir)
-    documents = [reading_document(q, tokenizer, passages, config.max_obs_tokens) for q in questions]
-    documents += [reading_document(q, tokenizer, swapped, config.max_obs_tokens) for q in questions]
-    long_documents = [reading_document(q, tokenizer, passages, config.max_obs_tokens, True) for q in questions]
-    return pretrain(model, documents, config, log, long_documents)
+
+    def documents_of(passages: dict[str, dict], full_prompt: bool = False) -> list[Document]:
+        return [
+            reading_document(q, tokenizer, passages, config.max_obs_tokens, full_prompt, config.tool_format)
+            for q in questions
+        ]
+
+    documents = documents_of(passages) + documents_of(swapped)
+    return pretrain(model, documents, config, log, documents_of(passages, full_prompt=True))

@@ -10,6 +10,7 @@ import pytest
 
 from slime_search.miniature import demonstrator as demo
 from slime_search.miniature.task import CITIES, make_task, write_task
+from slime_search.search_r1.prompt import make_prompt
 
 
 def test_task_is_deterministic_and_held_out_entities_are_unseen_in_training():
@@ -286,6 +287,48 @@ def test_reading_documents_teach_searching_and_reading_but_not_the_decision(mini
     assert long.ids[-response:] == document.ids[-response:] and len(long.ids) > len(document.ids) + 100
 
 
+def test_native_reading_documents_have_the_layout_of_the_native_loop(tmp_path):
+    """POLICY=qwen3 TOOL_FORMAT=qwen3: the reading documents are what the native loop writes (tool calls, the
+    template's tool responses, thinking off), so the copy skills are learnt at the distances RL uses; the same tokens
+    are trained as in the tag format."""
+    from slime_search.miniature.policy import build_tokenizer, task_texts
+    from slime_search.miniature.pretrain import passages_by_title, reading_document
+    from slime_search.search_r1.generate import observation_body
+    from slime_search.search_r1.tool_format import native_prompt_ids, tool_response_text
+
+    task = make_task(seed=2, people=60, companies=20)
+    write_task(task, tmp_path, template="native")
+    tokenizer = build_tokenizer(task_texts(tmp_path, native=True), 2048, "qwen3")
+    passages = passages_by_title(tmp_path / "corpus.jsonl")
+    two_hop = next(q for q in task.train if q.hops == 2)
+    document = reading_document(two_hop.question, tokenizer, passages, 96, tool_format="qwen3")
+
+    def call(query):
+        return f'<tool_call>\n{{"name": "search", "arguments": {{"query": "{query}"}}}}\n</tool_call>'
+
+    def response(title):
+        return tool_response_text(observation_body([passages[title]]), turn_ended=False, thinking=False)
+
+    bridge_query = f"Where was {two_hop.bridge} born?"
+    expected = (
+        f"<|im_start|>user\nQuestion: {two_hop.question}\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        f"{call(two_hop.question)}{response(two_hop.entity)}{call(bridge_query)}{response(two_hop.bridge)}"
+        f"<answer> {two_hop.answer} </answer>"
+    )
+    assert tokenizer.decode(document.ids) == expected
+    trained = tokenizer.decode([t for t, m in zip(document.ids, document.loss_mask, strict=True) if m])
+    assert (
+        trained
+        == f"{call(two_hop.question).removeprefix('<tool_call>')}{call(bridge_query)}<answer> {two_hop.answer} </answer>"
+    )
+
+    long = reading_document(two_hop.question, tokenizer, passages, 96, full_prompt=True, tool_format="qwen3")
+    prompt = native_prompt_ids(tokenizer, make_prompt(two_hop.question, "native"), page_access=False, thinking=False)
+    assert long.ids[: len(prompt)] == prompt  # the tool declared in the system turn, as the run's prompts
+    response_length = len(document.ids) - document.loss_mask.index(1) + 1
+    assert long.ids[-response_length:] == document.ids[-response_length:]
+
+
 def test_pretraining_lowers_the_reading_loss(miniature):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -332,3 +375,12 @@ def test_counterfactual_passages_change_every_birthplace_and_nothing_else(miniat
         swapped[t]["contents"].rsplit(" born in ", 1)[0] == passages[t]["contents"].rsplit(" born in ", 1)[0]
         for t in born
     )
+
+
+def test_native_pretraining_needs_the_qwen3_tokens(tmp_path, capsys):
+    from slime_search.miniature.policy import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--task", str(tmp_path), "--out", str(tmp_path / "p"), "--tool-format", "qwen3"])
+    assert stop.value.code == 2 and "--tool-format qwen3 needs --family qwen3" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()  # refused before anything is built
