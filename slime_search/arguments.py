@@ -391,6 +391,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluate every N steps, and the start weights before the first (0: only at the end)",
     )
     g.add_argument(
+        "--eval-engine",
+        action="store_true",
+        help="evaluate beside training, not inside the step: an engine of its own (a CPU engine server on a CPU "
+        "machine, one SGLang engine of --rollout-num-gpus-per-engine spare GPUs on GPU) loads each eval-due version "
+        "from an HF folder and is evaluated while training goes on; each result is recorded under its version",
+    )
+    g.add_argument(
+        "--eval-engine-url",
+        default=None,
+        help="with --eval-engine: an engine already running at this address evaluates (it loads each version from "
+        "RUN/eval_weights, so it must see this machine's disk)",
+    )
+    g.add_argument(
         "--log-rollout-examples", type=non_negative_int, default=4, help="rollouts kept per step for the report"
     )
     g.add_argument("--use-wandb", action="store_true", help="also log to wandb (offline without an API key)")
@@ -430,6 +443,10 @@ def check_flags(args: argparse.Namespace) -> None:
     eval_sets(args)
     if args.loss_type == "sft" and args.eval_prompt_data:
         raise ValueError("--loss-type sft trains on another engine's samples; evaluate the policy in the RL run")
+    if args.eval_engine_url and not args.eval_engine:
+        raise ValueError("--eval-engine-url names the engine of --eval-engine; add --eval-engine")
+    if args.eval_engine and (args.loss_type == "sft" or not args.eval_prompt_data):
+        raise ValueError("--eval-engine evaluates the policy being trained: it needs --eval-prompt-data and RL")
     if args.use_kl_loss and args.loss_type == "sft":
         raise ValueError("--use-kl-loss applies to --loss-type policy_loss")
     if args.kl_loss_coef and not args.use_kl_loss:

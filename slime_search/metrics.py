@@ -51,12 +51,18 @@ class MetricsSink:
             self._wandb = wandb.init(
                 project=project, group=group, dir=str(self.run_dir), mode=mode, config=_plain_config(config or {})
             )
+            # evaluations plot against the version they evaluated, which is not the step they are logged at when
+            # they run beside training (--eval-engine)
+            self._wandb.define_metric("weight_version")
+            self._wandb.define_metric("eval/*", step_metric="weight_version")
+        self._wandb_step = 0  # wandb's steps only go forward: a late record joins the newest step
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
         append_records(self.path, [record])
         if self._wandb is not None:
-            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=step)
+            self._wandb_step = max(self._wandb_step, step)
+            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=self._wandb_step)
         shown = " ".join(
             f"{k.split('/')[-1]}={record[k]:.4g}" for k in CONSOLE_KEYS if isinstance(record.get(k), (int, float))
         )

@@ -176,6 +176,7 @@ class RunConfig:
     schedule: Any  # ScheduleConfig: when rollouts run relative to training
     wandb: tuple[bool, str, str | None]  # MetricsSink's use_wandb, project, group
     health: HealthConfig = field(default_factory=HealthConfig)  # the health guard's rules and bounds
+    eval_engine: Any = None  # RolloutManagerConfig of the engine that evaluates beside training (--eval-engine)
 
     def eval_due(self, version: int) -> bool:
         if not self.rollout.eval_sets or not self.serves_policy:
@@ -222,4 +223,23 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
         schedule=ScheduleConfig(args.async_mode, args.max_staleness, args.max_token_lag, args.async_batch_order),
         wandb=(args.use_wandb, args.wandb_project, args.wandb_group),
         health=health_config(args),
+        eval_engine=eval_engine_config(args, engines) if args.eval_engine else None,
     )
+
+
+def eval_engine_config(args: argparse.Namespace, engines):
+    """The rollout side of --eval-engine: the run's plugins, eval sets and greedy sampling on one engine of its own
+    (one CPU engine server; on GPU one SGLang engine of --rollout-num-gpus-per-engine GPUs; or --eval-engine-url),
+    its logs in RUN/eval_engine."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    one = replace(
+        engines,
+        engine_url=args.eval_engine_url,
+        num_gpus=engines.gpus_per_engine if engines.num_gpus else 0,
+        memory_saver=False,
+        cpu_engines=1,
+        cpu_engine_args=(),  # faults injected into the rollout engines are not the evaluator's
+    )
+    return replace(rollout_manager_config(args, one), log_dir=str(Path(args.save) / "eval_engine"))

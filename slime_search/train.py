@@ -33,6 +33,20 @@ def evaluate(config, manager, sink, run, version: int) -> dict:
     return metrics
 
 
+def record_eval_beside(result, sink, run, guard, step: int):
+    """An evaluation beside training, recorded under the version it evaluated whenever it arrives, and reviewed by
+    the guard then; returns the rollback it calls for, if any."""
+    record = {
+        **result.metrics,
+        **result.record,
+        "weight_version": result.version,
+        "eval/lag_steps": step - result.version,
+    }
+    sink.log(result.version, record)
+    run.record_examples(result.version, "eval", result.shown)
+    return first_rollback(report(guard.review_eval(result.version, result.metrics), run, guard))
+
+
 def save(run, group, manager, steps_done: int, config, protect: tuple[int, ...] = ()) -> None:
     """The actor (model, optimizer, RNG) and the rollout state in one folder that is renamed into place when complete,
     the tracker file last: a run killed mid-save resumes from the previous complete checkpoint. With --save-hf, the
@@ -125,8 +139,8 @@ def trainer_idle(clock) -> dict[str, float]:
     return {"async/trainer_idle_fraction": 1.0 - busy / times["time/step_s"] if times["time/step_s"] > 0 else 0.0}
 
 
-def shut_down(transport, manager, group, sink) -> None:
-    """Engines leave the weight-update group, then the manager stops them; the actor and the sink close last."""
+def shut_down(transport, manager, group, sink, evaluator=None) -> None:
+    """Engines leave the weight-update group, then the managers stop them; the actor and the sink close last."""
     from slime_search.ray.placement import stop_rollout_manager
 
     if transport is not None:
@@ -134,8 +148,9 @@ def shut_down(transport, manager, group, sink) -> None:
             transport.close()
         except Exception as err:  # noqa: BLE001 - a failed run still stops its engines and actors
             logger.warning("closing the weight transport: %s", err)
-    if manager is not None:
-        stop_rollout_manager(manager)
+    for rollout_side in (manager, evaluator):
+        if rollout_side is not None:
+            stop_rollout_manager(rollout_side)
     group.shutdown()
     sink.close()
 
@@ -224,10 +239,11 @@ def roll_back(event, config, run, sink, group, manager, transport, colocation, g
     return target, rollouts
 
 
-def run_steps(config, start: int, run, sink, group, manager, transport, colocation, guard) -> None:
+def run_steps(config, start: int, run, sink, group, manager, transport, colocation, guard, beside=None) -> None:
     """Steps `start`.. of the run: rollout (as --async-mode schedules it) -> health checks -> GRPO step -> weight push
     -> records -> the guard's review (a rollback goes back to a healthy checkpoint); eval every --eval-interval
-    versions, checkpoints every --save-interval steps, the final eval."""
+    versions (inside the step, or `beside` it on an engine of its own: EvalBeside), checkpoints every
+    --save-interval steps, the final eval."""
     import ray
 
     from slime_search.metrics import PhaseClock
@@ -247,14 +263,27 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
         if step == config.num_rollout:
             rollouts.stop()  # what is in flight is cancelled: the final evaluation runs alone
         colocation.for_generation()
-        if config.eval_due(step):
+        handover_s = 0.0
+        if config.eval_due(step) and beside is not None:
+            colocation.for_weight_push()  # the actor's weights must be on its device to be written
+            handover_s = beside.submit(step)
+            colocation.for_generation()
+        rollback = None
+        if beside is not None:  # the results that arrived; at the end, all of them
+            for result in beside.collect(wait=step >= config.num_rollout):
+                rollback = record_eval_beside(result, sink, run, guard, step)
+                if rollback is not None:
+                    break  # the results after it are of later versions, which the rollback undoes
+        elif config.eval_due(step):
             metrics = evaluate(config, manager, sink, run, step)
             rollback = first_rollback(report(guard.review_eval(step, metrics), run, guard))
-            if rollback is not None:
-                step, rollouts = roll_back(
-                    rollback, config, run, sink, group, manager, transport, colocation, guard, rollouts
-                )
-                continue
+        if rollback is not None:
+            step, rollouts = roll_back(
+                rollback, config, run, sink, group, manager, transport, colocation, guard, rollouts
+            )
+            if beside is not None:
+                beside.rolled_back(step)
+            continue
         if step >= config.num_rollout:
             return
         clock = PhaseClock()
@@ -283,6 +312,8 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
         rollouts.pushed(step + 1)
         clock.mark("sync")
         metrics.update({**colocation.metrics(), **clock.times(), **trainer_idle(clock)})
+        if beside is not None:
+            metrics["time/eval_handover_s"] = handover_s  # the actor writing the weights the eval engine loads
         reviewed = guard.review(step, metrics)
         events += reviewed
         sink.log(step, {**metrics, **event_counts(events, guard)})  # the step's record, also when the run stops here
@@ -292,6 +323,8 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
             step, rollouts = roll_back(
                 rollback, config, run, sink, group, manager, transport, colocation, guard, rollouts
             )
+            if beside is not None:
+                beside.rolled_back(step)
             continue
         if config.save_due(step + 1):
             colocation.for_weight_push()  # the actor's state must be on its device
@@ -327,10 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoConfig
 
     from slime_search.arguments import check_model_flags
+    from slime_search.eval_beside import EvalBeside
     from slime_search.health.guard import HealthGuard, RunStopped
     from slime_search.metrics import MetricsSink
     from slime_search.ray.colocation import Colocation
-    from slime_search.ray.placement import create_rollout_manager
+    from slime_search.ray.placement import create_eval_manager, create_rollout_manager
     from slime_search.ray.session import RECORD_NAME, record_started_processes
     from slime_search.ray.train_group import RayTrainGroup
     from slime_search.report import render_report
@@ -350,10 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     process_record = run.path / RECORD_NAME  # what a SIGKILLed driver leaves, for the run scripts to stop
     record_started_processes(process_record)
     group = RayTrainGroup(config.train_group)
-    manager = transport = None
+    manager = transport = evaluator = beside = None
     try:
         if not config.colocate:  # the engines start while the actor loads
             manager = create_rollout_manager(config.rollout, args, group, colocate=False)
+        if config.eval_engine is not None:  # --eval-engine: evaluation beside training, on an engine of its own
+            evaluator = create_eval_manager(config.eval_engine, args, group)
+            beside = EvalBeside(evaluator, group, run.path, config.weight_sync, config.log_rollout_examples)
         group.load_models(config.model, config.actor)
         colocation = Colocation(config.colocate, group, manager)
         if config.colocate:  # the engines start on the actor's GPUs once the actor has made room
@@ -365,13 +402,13 @@ def main(argv: list[str] | None = None) -> int:
         guard = HealthGuard(config.health, config.rollout.rollout.reward_key)
         start = resume(config, run, group, manager, transport, sink, colocation, guard)
         record_started_processes(process_record)  # the engines, the actor's workers and Ray's agents are up now
-        run_steps(config, start, run, sink, group, manager, transport, colocation, guard)
+        run_steps(config, start, run, sink, group, manager, transport, colocation, guard, beside)
     except RunStopped as stopped:  # the guard's verdict: the run cannot go on; the report says why as well
         logger.error("run stopped: %s", stopped)
         logger.info("report: %s", render_report(run.path))
         return 1
     finally:
-        shut_down(transport, manager, group, sink)
+        shut_down(transport, manager, group, sink, evaluator)
     logger.info("report: %s", render_report(run.path))
     return 0
 

@@ -151,6 +151,23 @@ def test_run_config_derives_every_component_config_once_and_leaves_the_flags_alo
     assert on_cpu.eval_due(2) and not on_cpu.eval_due(1) and on_cpu.save_due(2) and not on_cpu.save_due(1)
 
 
+def test_the_eval_engine_is_one_engine_of_its_own_with_the_runs_eval_sets(capsys):
+    from slime_search.run_config import run_config
+
+    evals = ("--eval-prompt-data", "nq", "e.parquet")
+    args = parse(*evals, "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2", "--eval-engine")
+    on_gpu = run_config(args, vocab_size=100, use_gpu=True).eval_engine
+    assert (on_gpu.engines.num_gpus, on_gpu.engines.gpus_per_engine, on_gpu.engines.memory_saver) == (2, 2, False)
+    assert on_gpu.eval_sets == (("nq", "e.parquet"),) and on_gpu.log_dir == "run/eval_engine"
+    on_cpu = run_config(parse(*evals, "--eval-engine", "--cpu-engines", "3"), 100, use_gpu=False).eval_engine
+    assert (on_cpu.engines.num_gpus, on_cpu.engines.cpu_engines, on_cpu.engines.engine_url) == (0, 1, None)
+    given = parse(*evals, "--eval-engine", "--eval-engine-url", "http://127.0.0.1:9")
+    assert run_config(given, 100, use_gpu=False).eval_engine.engines.engine_url == "http://127.0.0.1:9"
+    assert run_config(parse(*evals), 100, use_gpu=False).eval_engine is None  # inside the step by default
+    assert "needs --eval-prompt-data" in usage_error(capsys, "--eval-engine")
+    assert "add --eval-engine" in usage_error(capsys, *evals, "--eval-engine-url", "http://127.0.0.1:9")
+
+
 def test_the_3b_run_script_keeps_the_retriever_off_the_training_gpus():
     import os
     import subprocess

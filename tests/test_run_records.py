@@ -103,3 +103,28 @@ def test_only_the_newest_checkpoints_are_kept_and_never_the_tracked_one(tmp_path
     assert prune_iterations(tmp_path / "b", keep=1) == [2]
     make_checkpoints(tmp_path / "c", [1, 2, 3], tracked=3)
     assert prune_iterations(tmp_path / "c", keep=0) == []
+
+
+class RecordedWandbRun:
+    """What MetricsSink hands to wandb: wandb refuses (drops with a warning) a log whose step is below the newest."""
+
+    def __init__(self):
+        self.logged: list[tuple[int, dict]] = []
+
+    def log(self, values: dict, step: int) -> None:
+        assert not self.logged or step >= self.logged[-1][0], "wandb would drop this record"
+        self.logged.append((step, values))
+
+
+def test_a_late_evaluation_reaches_wandb_at_the_newest_step_with_its_version(tmp_path):
+    """--eval-engine records version 2's evaluation after step 4: the jsonl keeps it under step 2, wandb (whose steps
+    only go forward) gets it at step 4 with weight_version 2, the x-axis its eval/* keys are plotted against."""
+    from slime_search.metrics import MetricsSink
+
+    sink = MetricsSink(tmp_path)
+    sink._wandb = RecordedWandbRun()  # the sink built without wandb: only its log calls are checked here
+    for step in range(5):
+        sink.log(step, {"train/loss": 0.1, "weight_version": step + 1})
+    sink.log(2, {"eval/em": 0.5, "weight_version": 2})
+    assert [r["step"] for r in sink.read()] == [0, 1, 2, 3, 4, 2]
+    assert sink._wandb.logged[-1][0] == 4 and sink._wandb.logged[-1][1]["weight_version"] == 2

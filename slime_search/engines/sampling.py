@@ -110,12 +110,17 @@ def sample_tokens(
 
     The log-prob is log softmax(logits / T)[token] over the full vocabulary, the quantity the trainer recomputes
     from its own logits at the same temperature (top-p / top-k only restrict which tokens can be drawn). Greedy
-    rows (T = 0) take the argmax and report log softmax(logits) at T = 1.
+    rows (T = 0) take the argmax and report log softmax(logits) at T = 1. A batch of greedy rows only draws no random
+    number: an evaluation between training steps leaves the engine's sampling stream as it was, so a run evaluated
+    inside its steps trains as the same run evaluated beside them.
     """
     logits = logits.float()
     greedy = temperature <= 0
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
     log_probs = torch.log_softmax(scaled, dim=-1)
+    if bool(greedy.all()):
+        tokens = logits.argmax(dim=-1)
+        return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     candidates = log_probs
     if bool(((top_k > 0) | (top_p < 1)).any()):
         candidates = filter_top_k_top_p(log_probs, top_k, top_p)

@@ -23,6 +23,23 @@ def create_rollout_manager(config, plugin_args, group, colocate: bool):
     return ray.remote(RolloutManager).options(**options).remote(config, plugin_args, gpu_ids)
 
 
+def create_eval_manager(config, plugin_args, group):
+    """--eval-engine: a second RolloutManager whose one engine only evaluates. On GPU it needs GPUs no one else
+    holds; without them the run stops here with a message, not in an endless wait for Ray to place it."""
+    import ray
+
+    from slime_search.rollout.manager import RolloutManager
+
+    gpus = config.engines.num_gpus if group.config.use_gpu and not config.engines.engine_url else 0
+    if gpus and ray.available_resources().get("GPU", 0) < gpus:
+        raise RuntimeError(
+            f"--eval-engine needs {gpus} GPU(s) beside the actor's and the rollout engines'; Ray has "
+            f"{ray.available_resources().get('GPU', 0):g} free (give a spare GPU, or use --eval-engine-url)"
+        )
+    options = {"num_cpus": 0, "num_gpus": gpus, "max_concurrency": 2}
+    return ray.remote(RolloutManager).options(**options).remote(config, plugin_args, None)
+
+
 def stop_rollout_manager(manager) -> None:
     """Stop the engines the manager started, then the actor itself (also when its start-up failed)."""
     import ray

@@ -241,6 +241,33 @@ class RolloutManager:
         shown = [sample_record(s, reward_key) for s in samples[:examples]]
         return evaluate_samples(samples, reward_key), shown
 
+    def evaluate_weights(self, model_path: str, version: int, examples: int = 0) -> dict[str, Any]:
+        """--eval-engine: the engines load the HF folder of `version`, then the evaluation above runs on them. The
+        version each engine serves afterwards is checked: a result is never attributed to weights it did not
+        evaluate."""
+        import time
+
+        from slime_search.engines.client import call_engine, check_success, on_every_engine
+
+        async def load(url: str) -> str:
+            answer = await call_engine(url, "update_weights_from_disk", model_path, str(version))
+            check_success(url, "update_weights_from_disk", answer)
+            return await call_engine(url, "weight_version")
+
+        started = time.perf_counter()
+        served = asyncio.run(on_every_engine(self.engines.worker_urls, load))
+        if any(str(v) != str(version) for v in served):
+            raise RuntimeError(f"the eval engine serves version(s) {served} after loading version {version}")
+        loaded = time.perf_counter()
+        metrics, shown = self.evaluate(examples)
+        return {
+            "version": version,
+            "metrics": metrics,
+            "shown": shown,
+            "load_s": loaded - started,
+            "eval_s": time.perf_counter() - loaded,
+        }
+
     # ---- engines and state -------------------------------------------------------------------------------------
     def release_memory(self, tags: list[str] | None = None) -> None:
         """Every engine gives back the memory of `tags` to a colocated trainer (all of it by default)."""

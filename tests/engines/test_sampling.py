@@ -56,3 +56,17 @@ def test_sampling_follows_the_distribution_and_respects_top_k():
     assert torch.all(tokens == 0)
     # top-k restricts the draw, not the reported log-prob: still log 0.6 under the full distribution
     assert torch.allclose(log_probs, torch.full((4000,), math.log(0.6)))
+
+
+def test_a_greedy_batch_draws_nothing_from_the_sampling_stream():
+    """An evaluation (greedy) between training rollouts leaves the engine's random stream where it was: the rollouts
+    after it sample what they would have sampled without it."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    ones, no_k = torch.ones(3), torch.full((3,), -1)
+    untouched, evaluated = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    tokens, log_probs = sample_tokens(logits, torch.zeros(3), ones, no_k, evaluated)
+    assert torch.equal(tokens, logits.argmax(-1))
+    assert torch.allclose(log_probs, torch.log_softmax(logits, -1).max(-1).values)
+    after_eval = sample_tokens(logits, ones, ones, no_k, evaluated)[0]
+    assert torch.equal(after_eval, sample_tokens(logits, ones, ones, no_k, untouched)[0])
+    assert evaluated.get_state().equal(untouched.get_state())
