@@ -4,8 +4,8 @@
     # single GPU:
     python -m benchmarks.megatron_train --tp 1
 
-Each step is a GRPO policy-loss step over packed random sequences (bf16, TransformerEngine spec, distributed
-optimizer). MFU counts 6 x parameters x tokens (forward + backward, attention FLOPs excluded) against the
+Each step is a GRPO policy-loss step over packed random sequences (bf16, distributed optimizer; TransformerEngine's
+layer spec when it is installed, else Megatron's local one). MFU counts 6 x parameters x tokens (forward + backward, attention FLOPs excluded) against the
 card's dense bf16 peak given by --peak-tflops (H100 SXM: 989).
 """
 
@@ -27,6 +27,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--max-tokens-per-gpu", type=int, default=16384)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
+    parser.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
+    parser.add_argument("--recompute-num-layers", type=int, default=None)
+    parser.add_argument(
+        "--phase-memory",
+        action="store_true",
+        help="also report the peak device memory of each phase of a step (forward, loss, backward, optimizer)",
+    )
+    parser.add_argument(
+        "--offload", action="store_true", help="after the steps, time --colocate's hand-over of the actor's memory"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -48,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     port, address = int(os.environ.get("MASTER_PORT", free_port())), os.environ.get("MASTER_ADDR", "127.0.0.1")
     init_megatron(rank, world, tp_size=args.tp, master_port=port, master_address=address)
     shape = ModelShape(36, 2048, 16, 2, 11008, 151936, True)
-    options = ModelOptions(params_dtype=torch.bfloat16, sequence_parallel=args.tp > 1)
+    options = ModelOptions(
+        params_dtype=torch.bfloat16,
+        sequence_parallel=args.tp > 1,
+        recompute_granularity=args.recompute_granularity,
+        recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers,
+    )
     model = build_gpt_model(shape, options).cuda()
     config = ActorConfig(
         loss=LossConfig(vocab_size=shape.vocab_size),
@@ -65,32 +82,107 @@ def main(argv: list[str] | None = None) -> int:
             TrainSample([rng.randrange(shape.vocab_size) for _ in range(n)], response, [1] * response, rng.gauss(0, 1))
         )
     tokens = sum(len(s.tokens) for s in samples)
+    phases = track_phase_peaks(actor) if args.phase_memory else None
     actor.train_step(samples)  # warm-up
+    if phases is not None:
+        phases.peaks.clear()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for _ in range(args.steps):
-        actor.train_step(samples)
+        metrics = actor.train_step(samples)
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / args.steps
     tokens_per_s = tokens / seconds
     params = count_parameters(shape)
     mfu = 6 * params * tokens_per_s / (args.peak_tflops * 1e12 * args.tp)
+    handover = measure_handover(actor) if args.offload else {}
+    if phases is not None:
+        handover["phase_peak_gib"] = {k: round(v, 2) for k, v in phases.peaks.items()}
     if rank == 0:
         print(
             json.dumps(
                 {
+                    **handover,
                     "gpus": world,
                     "tp": args.tp,
+                    "max_tokens_per_micro_batch": args.max_tokens_per_gpu,
+                    "recompute": args.recompute_granularity,
                     "tokens_per_step_per_dp_rank": tokens,
                     "step_s": round(seconds, 3),
                     "tokens_per_s": round(tokens_per_s, 1),
                     "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
                     "mfu": round(mfu, 4),
+                    "last_step": {k: metrics.get(k) for k in ("loss", "grad_norm", "step_applied")},
                 }
             )
         )
     return 0
+
+
+class PhasePeaks:
+    """Peak device memory between consecutive marks, by the pair of marks (the phase between them)."""
+
+    def __init__(self):
+        self.last, self.peaks = "step", {}
+
+    def mark(self, label: str) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+        key = f"{self.last}..{label}"
+        self.peaks[key] = max(self.peaks.get(key, 0.0), torch.cuda.max_memory_allocated() / 2**30)
+        torch.cuda.reset_peak_memory_stats()
+        self.last = label
+
+
+def track_phase_peaks(actor) -> PhasePeaks:
+    """Marks around the forward, the loss, gradient finalisation and the optimizer step; the backward passes fall
+    between a loss's end and the next forward or the finalisation."""
+    from slime_search.backends.megatron import actor as actor_module
+
+    phases = PhasePeaks()
+
+    def marked(function, name):
+        def wrapper(*args, **kwargs):
+            phases.mark(name)
+            out = function(*args, **kwargs)
+            phases.mark(f"{name}_end")
+            return out
+
+        return wrapper
+
+    actor_module._forward = marked(actor_module._forward, "forward")
+    actor_module.micro_batch_loss = marked(actor_module.micro_batch_loss, "loss")
+    actor._finalize_grads = marked(actor._finalize_grads, "finalize")
+    actor.optimizer.step = marked(actor.optimizer.step, "optimizer")
+    return phases
+
+
+def measure_handover(actor) -> dict:
+    """Device memory and time of handing the actor's weights, gradients and optimizer state to host memory and back,
+    twice: the first hand-over allocates (and pins) the host buffers, later ones reuse them."""
+    import torch
+
+    out = {}
+    for round_ in (1, 2):
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated()
+        start = time.perf_counter()
+        handed = actor.offload()
+        offload_s = time.perf_counter() - start
+        left = torch.cuda.memory_allocated()
+        start = time.perf_counter()
+        actor.onload()
+        torch.cuda.synchronize()
+        out[f"handover_{round_}"] = {
+            "gib_handed": round(handed / 2**30, 2),
+            "device_gib_before": round(held / 2**30, 2),
+            "device_gib_while_offloaded": round(left / 2**30, 2),
+            "offload_s": round(offload_s, 2),
+            "onload_s": round(time.perf_counter() - start, 2),
+        }
+    return out
 
 
 if __name__ == "__main__":

@@ -296,6 +296,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--bf16", action="store_true", help="bf16 parameters (GPU); fp32 otherwise")
     g.add_argument(
+        "--recompute-granularity",
+        choices=["full", "selective"],
+        default=None,
+        help="Megatron activation recomputation: full layers (with --recompute-method and --recompute-num-layers) "
+        "or selective (the core attention, whose scores the local attention without TransformerEngine keeps whole)",
+    )
+    g.add_argument("--recompute-method", choices=["uniform", "block"], default=None, help="with full recompute")
+    g.add_argument(
+        "--recompute-num-layers", type=positive_int, default=None, help="layers per recompute unit (full recompute)"
+    )
+    g.add_argument(
         "--colocate",
         action="store_true",
         help="engines on the actor's GPUs: the actor offloads to host memory while they generate, they release "
@@ -463,6 +474,7 @@ def check_flags(args: argparse.Namespace) -> None:
             f"--tensor-model-parallel-size {args.tensor_model_parallel_size} must divide the actor's {actor_ranks} "
             "ranks (--actor-num-nodes x --actor-num-gpus-per-node)"
         )
+    check_recompute(args)
     check_importance_weights(args)
     if args.colocate:
         check_colocation(args)
@@ -473,6 +485,20 @@ def check_flags(args: argparse.Namespace) -> None:
         )
     if args.async_mode != "off" and args.loss_type == "sft":
         raise ValueError("--async-mode applies to RL: in SFT the samples come from another engine, not the policy")
+
+
+def check_recompute(args: argparse.Namespace) -> None:
+    """Megatron's rules for activation recomputation, said at start-up with the flags' names."""
+    granularity, method, layers = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
+    if granularity is None and (method or layers):
+        raise ValueError("--recompute-method and --recompute-num-layers need --recompute-granularity full")
+    if granularity == "full" and (method is None or layers is None):
+        raise ValueError("--recompute-granularity full needs --recompute-method and --recompute-num-layers")
+    if granularity == "selective" and (method or layers):
+        raise ValueError(
+            "--recompute-granularity selective recomputes the core attention of every layer: drop "
+            "--recompute-method and --recompute-num-layers"
+        )
 
 
 def check_importance_weights(args: argparse.Namespace) -> None:

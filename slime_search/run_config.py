@@ -23,6 +23,9 @@ def model_source(args: argparse.Namespace):
     overrides = {
         "sequence_parallel": args.sequence_parallel,
         "params_dtype": torch.bfloat16 if args.bf16 else torch.float32,
+        "recompute_granularity": args.recompute_granularity,
+        "recompute_method": args.recompute_method,
+        "recompute_num_layers": args.recompute_num_layers,
     }
     # Given with ${MODEL_ARGS[@]}, they shape the model as they shaped a converted torch_dist checkpoint (the vocab
     # padding is the embedding's size); left out, config.json's context length and Megatron's padding of 128 apply.

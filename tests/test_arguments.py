@@ -369,3 +369,22 @@ def test_model_flags_that_shape_the_model_are_passed_to_it():
     flags = ("--make-vocab-size-divisible-by", "100", "--max-position-embeddings", "2048")
     options = ModelOptions.from_hf_config(hf_config, **model_source(parse(*flags)).model_overrides)
     assert (options.make_vocab_size_divisible_by, options.max_position_embeddings) == (100, 2048)
+
+
+def test_recompute_flags_follow_megatrons_rules_and_reach_the_model_options(capsys):
+    from slime_search.run_config import model_source
+
+    full = parse("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
+    overrides = model_source(full).model_overrides
+    assert (overrides["recompute_granularity"], overrides["recompute_method"], overrides["recompute_num_layers"]) == (
+        "full",
+        "uniform",
+        1,
+    )
+    assert model_source(parse("--recompute-granularity", "selective")).model_overrides["recompute_method"] is None
+    assert model_source(parse()).model_overrides["recompute_granularity"] is None
+    assert "needs --recompute-method" in usage_error(capsys, "--recompute-granularity", "full")
+    assert "drop --recompute-method" in usage_error(
+        capsys, "--recompute-granularity", "selective", "--recompute-num-layers", "2"
+    )
+    assert "need --recompute-granularity full" in usage_error(capsys, "--recompute-method", "block")

@@ -18,6 +18,11 @@ class ModelOptions:
     params_dtype: torch.dtype = torch.float32
     sequence_parallel: bool = False
     use_te: bool | None = None  # None: TransformerEngine spec when importable and CUDA is present
+    # Megatron activation recomputation (--recompute-granularity full|selective, --recompute-method,
+    # --recompute-num-layers): activations recomputed in the backward pass instead of kept
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
 
     @classmethod
     def from_hf_config(cls, config, **overrides) -> ModelOptions:
@@ -38,6 +43,15 @@ def te_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("transformer_engine") is not None
+
+
+def fused_softmax_kernels_available() -> bool:
+    """Whether the local attention's fused masked softmax can run: Megatron imports its CUDA kernels (built by Apex,
+    not by Megatron-core or TransformerEngine) whenever the fusion is on and the shapes allow it (bf16, keys up to
+    4096), and without them the forward fails with ImportError. TransformerEngine's attention fuses its own."""
+    import importlib.util
+
+    return importlib.util.find_spec("scaled_masked_softmax_cuda") is not None
 
 
 def transformer_config(shape: ModelShape, options: ModelOptions):
@@ -68,8 +82,11 @@ def transformer_config(shape: ModelShape, options: ModelOptions):
         tensor_model_parallel_size=_tp_size(),
         bias_dropout_fusion=on_gpu,
         apply_rope_fusion=False,
-        masked_softmax_fusion=on_gpu,
+        masked_softmax_fusion=on_gpu and fused_softmax_kernels_available(),
         gradient_accumulation_fusion=False,
+        recompute_granularity=options.recompute_granularity,
+        recompute_method=options.recompute_method,
+        recompute_num_layers=options.recompute_num_layers,
     )
 
 
