@@ -15,7 +15,8 @@ far two synchronous runs land apart is the yardstick for the modes' gap.
 
 With the health guard (on by default) a run may roll back or stop: --extra-args "--save-interval 2" gives it
 checkpoints to return to, and a last table lists every run with the guard's rollbacks, warnings and stops. A run the
-guard stopped is a result: its last saved weights are the ones evaluated. --extra-args "--no-health-guard" gives the
+guard stopped is a result: its last saved weights are the ones evaluated; a run that ended on its best checkpoint
+after a late decline (--health-end-drop) is evaluated on those weights. --extra-args "--no-health-guard" gives the
 same runs unguarded.
 """
 
@@ -77,6 +78,12 @@ def stopped(run: Path) -> bool:
     return any(e.get("action") == "stop" for e in health_events(run))
 
 
+def ended_on_best(run: Path) -> int | None:
+    """The step of the checkpoint a run ended on after a late decline (the guard's end_on_best), if it did."""
+    ends = [e for e in health_events(run) if e.get("action") == "end_on_best"]
+    return int(ends[-1]["values"]["ended_on"]) if ends else None
+
+
 def final_weights(run: Path) -> Path:
     """The run's last saved HF weights: step_<steps> for a run that finished, the last kept one for a stopped run."""
     saved = sorted((run / "weights").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
@@ -133,7 +140,11 @@ def write_all_heldout(seed_dir: Path, seed: int) -> Path:
 
 def eval_arguments(run: Path, steps: int, heldout: Path, search_url: str) -> list[str]:
     """`slime_search.eval`'s arguments for the run's final weights on `heldout`, written to RUN/WIDE_EVAL."""
-    weights = run / "weights" / f"step_{steps}" if not stopped(run) else final_weights(run)
+    best = ended_on_best(run)
+    if best is not None:
+        weights = run / "weights" / f"step_{best}"
+    else:
+        weights = run / "weights" / f"step_{steps}" if not stopped(run) else final_weights(run)
     return [
         "--hf-checkpoint", str(weights), "--eval-prompt-data", "heldout", str(heldout),
         "--search-url", search_url, "--output", str(run / WIDE_EVAL), *EVAL_FLAGS,
@@ -194,6 +205,7 @@ def health_summary(run: Path) -> dict[str, float]:
         "rollbacks": len(completed_rollbacks(events)),  # one per checkpoint gone back to, not per logged line
         "warnings": sum(e.get("action") == "warn" for e in events),
         "stopped": float(stopped(run)),
+        "ended_on_best": float(ended_on_best(run) if ended_on_best(run) is not None else -1),
     }
 
 
@@ -272,8 +284,8 @@ def health_table(runs: dict[tuple[int, str, int], dict], seeds: list[int], repli
     """Every run, with what the health guard did in it and where it ended against its seed's synchronous mean."""
     lines = [
         "| seed | mode | replica | final EM, all held-out | vs seed's off mean | deepest dip (64 q) | rollbacks | "
-        "warnings | stopped |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "warnings | stopped | ended on best |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     below = 0
     for seed in seeds:
@@ -282,10 +294,13 @@ def health_table(runs: dict[tuple[int, str, int], dict], seeds: list[int], repli
             for replica in range(replicas):
                 r = runs[(seed, mode, replica)]
                 below += r["wide_em"] < off - 0.05
+                best = r.get("ended_on_best", -1)
+                ended = "no" if best < 0 else f"step {best:.0f}"
                 lines.append(
                     f"| {seed} | {mode} | {replica} | {r['wide_em']:.3f} | {signed(r['wide_em'] - off)} | "
                     f"{deepest_dip(r['em_curve']):.3f} | {r['rollbacks']:.0f} | {r['warnings']:.0f} | "
-                    f"{'yes' if r['stopped'] else 'no'} |"
+                    f"{'yes' if r['stopped'] else 'no'} | "
+                    f"{ended} |"
                 )
     total = len(seeds) * replicas * len(modes)
     lines.append(f"\n{below} of {total} runs ended more than 0.05 below their seed's synchronous mean.")

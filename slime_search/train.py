@@ -51,7 +51,8 @@ def save(run, group, manager, steps_done: int, config, protect: tuple[int, ...] 
     """The actor (model, optimizer, RNG) and the rollout state in one folder that is renamed into place when complete,
     the tracker file last: a run killed mid-save resumes from the previous complete checkpoint. With --save-hf, the
     weights as an HF folder too, streamed shard by shard. Then all but the newest --keep-checkpoints checkpoints (and
-    their HF folders) are removed, except those of `protect` (the health guard's rollback target)."""
+    their HF folders) are removed, except those of `protect` (the health guard's rollback target and its best
+    evaluated checkpoint)."""
     import ray
 
     state = run.rollout_state_file(steps_done, ray.get(manager.state_dict.remote()))
@@ -198,6 +199,22 @@ def end_on_checkpoint(target: int, run, group, transport, colocation, rollouts) 
         transport.push(str(target))
 
 
+def end_on_best(run, group, transport, colocation, guard) -> None:
+    """After the final evaluation: a run whose held-out metric declined late ends on its best evaluated checkpoint
+    (HealthGuard.end_on_best). The actor loads it and the engines serve it (the disk transport leaves it in
+    RUN/weights). The later checkpoints stay: the records and a resume with more rollouts continue from the last."""
+    event = guard.end_on_best(run.checkpoint_steps())
+    if event is None:
+        return
+    target = int(event.values["ended_on"])
+    colocation.for_training()
+    group.load(str(run.checkpoints), target)
+    if transport is not None:
+        colocation.for_weight_push()
+        transport.push(str(target))
+    report([event], run, guard)
+
+
 def roll_back(event, config, run, sink, group, manager, transport, colocation, guard, rollouts):
     """Back to the newest checkpoint that stayed healthy before the trouble began, with the remedy of one more
     rollback; returns the step to continue from and the new schedule. Stops the run when no rollback is left or no
@@ -285,6 +302,7 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
                 beside.rolled_back(step)
             continue
         if step >= config.num_rollout:
+            end_on_best(run, group, transport, colocation, guard)
             return
         clock = PhaseClock()
         batch = rollouts.next_batch(step, config.log_rollout_examples)
@@ -328,8 +346,9 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
             continue
         if config.save_due(step + 1):
             colocation.for_weight_push()  # the actor's state must be on its device
-            target = guard.protected_checkpoint(run.checkpoint_steps())
-            save(run, group, manager, step + 1, config, () if target is None else (target,))
+            kept = run.checkpoint_steps()
+            protect = (guard.protected_checkpoint(kept), (guard.best_kept_eval(kept) or (None,))[0])
+            save(run, group, manager, step + 1, config, tuple(k for k in protect if k is not None))
         step += 1
 
 

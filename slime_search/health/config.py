@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from slime_search.utils.flag_types import (
     fraction,
+    non_negative_float,
     non_negative_int,
     non_positive_float,
     positive_float,
@@ -42,6 +43,7 @@ class HealthConfig:
     max_update_kl: float = 1.0  # KL(old || new) per token of one step: beyond it the update broke the policy
     reward_drop: float = 0.3  # the training reward's window mean below its best by more than this
     eval_drop: float = 0.2  # a held-out metric below its best by more than this
+    end_drop: float = 0.1  # the final held-out metric this far below the best kept checkpoint's: end on that (0: off)
     confirm_steps: int = 3  # a checkpoint is a rollback target once this many steps after it were clean
     max_rollbacks: int = 2  # then the run stops with the rule, the step and the values
     lr_factor: float = 0.5  # a rollback's remedy: the learning rate times this, per rollback
@@ -169,6 +171,15 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         help="roll back when a held-out metric (the reward's key, per eval) falls this far below its best",
     )
     g.add_argument(
+        "--health-end-drop",
+        type=non_negative_float,
+        default=0.1,
+        help="at the end of the run, when the final held-out evaluation is more than this below the best one of a "
+        "kept checkpoint (and that best lies above the final evaluation's interval), the run ends on that "
+        "checkpoint's weights: the engines serve them and the disk transport leaves them in RUN/weights; the guard "
+        "keeps it from --keep-checkpoints (0: off)",
+    )
+    g.add_argument(
         "--health-confirm-steps",
         type=positive_int,
         default=3,
@@ -210,6 +221,7 @@ def health_config(args: argparse.Namespace) -> HealthConfig:
         patience=args.health_patience,
         reward_drop=args.health_reward_drop,
         eval_drop=args.health_eval_drop,
+        end_drop=args.health_end_drop,
         confirm_steps=args.health_confirm_steps,
         max_rollbacks=args.max_rollbacks,
         lr_factor=args.health_lr_factor,

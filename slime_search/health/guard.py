@@ -13,6 +13,9 @@ say is acted on, by severity.
     rollback  a warning held --health-patience steps in a row, or the training reward (window mean) or a held-out
               metric fell from its best by more than its margin: the run goes back to the newest checkpoint that
               stayed clean for --health-confirm-steps steps and continues with a remedy
+    end_on_best  at the end of the run, the final held-out evaluation is more than --health-end-drop below the best
+              one of a kept checkpoint and that best lies above the final evaluation's interval: a late decline,
+              too small or too late for a rollback; the run ends on that checkpoint's weights
 
 The guard's state is a function of the run's records (metrics.jsonl) and its rollback count, so a resumed run
 replays the records it kept and continues exactly where it was (`replay`). Without --health-guard only the stops
@@ -29,7 +32,7 @@ from typing import Any
 
 from slime_search.health.config import HealthConfig
 
-ACTIONS = ("warn", "refuse", "skip", "rollback", "stop")
+ACTIONS = ("warn", "refuse", "skip", "rollback", "stop", "end_on_best")
 MIN_NORMS = 3  # applied steps before a gradient-norm spike can be judged
 LENGTH_RULES = ("length_blowup", "truncation")  # escalate only with the reward down too
 
@@ -74,6 +77,7 @@ class HealthGuard:
         self._skipped_in_a_row = 0
         self._troubled: set[int] = set()  # steps with a warning, a refused update or a skip
         self._evals: list[tuple[int, float]] = []  # (version, held-out metric) of the current timeline
+        self._eval_highs: dict[int, float] = {}  # version -> the upper bound of its held-out metric's interval
 
     # ---- before training: what the rollout returned ---------------------------------------------------------------
     def check_rollout(self, step: int, metrics: dict[str, Any], errors: dict[str, str]) -> list[Event]:
@@ -173,7 +177,43 @@ class HealthGuard:
                 )
             )
         self._evals.append((version, value))
+        high = _num(metrics, f"{self.eval_key}_high")
+        if high is not None:
+            self._eval_highs[version] = high
         return events
+
+    def best_kept_eval(self, checkpoints: list[int]) -> tuple[int, float] | None:
+        """(version, metric) of the best held-out evaluation of a version that has a checkpoint (the newest of
+        equals); None without one. --keep-checkpoints must not remove it while --health-end-drop may end on it."""
+        kept = set(checkpoints)
+        scored = [(value, version) for version, value in self._evals if version in kept]
+        if not scored:
+            return None
+        value, version = max(scored)
+        return version, value
+
+    def end_on_best(self, checkpoints: list[int]) -> Event | None:
+        """At the end of the run: whether to end on the best evaluated checkpoint instead of the last weights. Only
+        a decline that is both larger than --health-end-drop and beyond the final evaluation's own interval (its
+        upper bound below the best) counts: the best of many noisy evaluations is high by chance, and a plateau
+        run must end on its last weights."""
+        if not self.config.enabled or not self.config.end_drop or not self._evals:
+            return None
+        final_version, final = self._evals[-1]
+        best = self.best_kept_eval(checkpoints)
+        high = self._eval_highs.get(final_version)
+        if best is None or best[0] == final_version or high is None:
+            return None
+        version, value = best
+        if value - final <= self.config.end_drop or high >= value:
+            return None
+        message = (
+            f"{self.eval_key} {final:.3f} at the final version {final_version} (interval up to {high:.3f}) is "
+            f"{value - final:.3f} below {value:.3f} at version {version} (--health-end-drop {self.config.end_drop}): "
+            f"the run ends on the checkpoint of step {version}"
+        )
+        values = {"value": final, "high": high, "best": value, "ended_on": float(version)}
+        return Event(final_version, "end_on_best", "late_decline", message, values)
 
     def _refusals(self, step: int, metrics: dict[str, Any]) -> list[Event]:
         """Updates the optimizer refused. A step none of whose updates was applied learned nothing: it counts as a
@@ -375,6 +415,7 @@ class HealthGuard:
         self._troubled = {s for s in self._troubled if s < to_step}
         self._streaks, self._skipped_in_a_row = {}, 0
         self._evals = [(version, value) for version, value in self._evals if version < to_step]
+        self._eval_highs = {version: high for version, high in self._eval_highs.items() if version < to_step}
 
     def replay(self, records: list[dict[str, Any]], rollbacks: int) -> None:
         """Rebuild the state of a resumed run from the records it kept (in file order) and its rollback count."""

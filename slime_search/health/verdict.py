@@ -7,7 +7,8 @@ should see when there are too many to list.
     stopped at step k: MESSAGE
 
 The most severe situation wins: a stop over rollbacks, rollbacks over warnings. A stop the run was resumed after (a
-"resume" event follows it) no longer ends it.
+"resume" event follows it) no longer ends it. A run that ended on its best evaluated checkpoint says so after its
+situation: "...; ended on its best checkpoint: MESSAGE" (the message names the step).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 MAX_MESSAGE = 300  # characters of one event's message in the verdict: the line stays one line on a terminal
-LASTING = ("rollback", "stop", "resume")  # events that changed the run's course: always listed
+LASTING = ("rollback", "stop", "resume", "end_on_best")  # events that changed the run's course: always listed
 
 
 def shorten(message: str, limit: int = MAX_MESSAGE) -> str:
@@ -44,6 +45,7 @@ def final_stop(events: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def level(events: list[dict[str, Any]]) -> str:
     """healthy | warned | rolled_back | stopped: the most severe situation of the run."""
+    events = [e for e in events if e.get("action") != "end_on_best"]
     actions = {e.get("action") for e in events if e.get("action") not in ("stop", "resume")}
     if final_stop(events) is not None:
         return "stopped"
@@ -54,6 +56,16 @@ def level(events: list[dict[str, Any]]) -> str:
 
 def verdict(events: list[dict[str, Any]]) -> str:
     """One line that says how the run went (see the module's docstring)."""
+    ended = [e for e in events if e.get("action") == "end_on_best"]
+    line = situation_line([e for e in events if e.get("action") != "end_on_best"])
+    if not ended:
+        return line
+    last = ended[-1]
+    return f"{line}; ended on its best checkpoint: {shorten(last['message'])}"
+
+
+def situation_line(events: list[dict[str, Any]]) -> str:
+    """The verdict's first part: healthy, warned, rolled back or stopped."""
     situation = level(events)
     if situation == "healthy":
         return "healthy"

@@ -126,9 +126,20 @@ def test_a_run_the_guard_stopped_is_a_result_evaluated_on_its_last_saved_weights
     assert async_modes.stopped(run)
     arguments = async_modes.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
     assert arguments[arguments.index("--hf-checkpoint") + 1] == str(run / "weights" / "step_10")  # not step_4
-    assert async_modes.health_summary(run) == {"rollbacks": 1, "warnings": 1, "stopped": 1.0}
+    assert async_modes.health_summary(run) == {"rollbacks": 1, "warnings": 1, "stopped": 1.0, "ended_on_best": -1.0}
     with pytest.raises(FileNotFoundError, match="no weights"):
         async_modes.final_weights(tmp_path / "empty")
+
+
+def test_a_run_that_ended_on_its_best_checkpoint_is_evaluated_on_it(tmp_path):
+    run = tmp_path / "rl-fully-rep1"
+    (run / "weights" / "step_14").mkdir(parents=True)  # the disk transport's last push: the checkpoint ended on
+    events = [{"step": 20, "action": "end_on_best", "rule": "late_decline", "values": {"ended_on": 14.0}}]
+    (run / "health.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert async_modes.ended_on_best(run) == 14 and not async_modes.stopped(run)
+    assert async_modes.health_summary(run)["ended_on_best"] == 14.0
+    arguments = async_modes.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
+    assert arguments[arguments.index("--hf-checkpoint") + 1] == str(run / "weights" / "step_14")
 
 
 def test_the_health_table_counts_runs_ending_below_their_seeds_synchronous_mean():

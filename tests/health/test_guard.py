@@ -231,3 +231,55 @@ def test_longer_responses_escalate_only_while_the_reward_is_down():
     falling = run([0.2, 0.4, 0.6, 0.6, 0.6, 0.6, 0.6, 0.55, 0.5, 0.45, 0.42, 0.4])
     rollback = next(e for e in falling if e.action == "rollback")  # the run goes back there; later steps are redone
     assert rollback.rule == "length_blowup" and rollback.step == 10 and rollback.values["since"] == 8
+
+
+# held-out score and its interval's upper bound by version: seed 1's fully-asynchronous replica 1 of the benchmark
+# (docs/benchmarks/health.md), the run that declined late and ended 0.153 below the seed's synchronous mean
+LATE_DECLINE = [
+    (0, 0.0625, 0.125), (2, 0.0625, 0.125), (4, 0.2812, 0.3906), (6, 0.9844, 1.0), (8, 0.9844, 1.0),
+    (10, 0.9844, 1.0), (12, 0.9844, 1.0), (14, 0.9844, 1.0), (16, 0.9219, 0.9844), (18, 0.8594, 0.9375),
+    (20, 0.8594, 0.9375),
+]  # fmt: skip
+
+
+def evaluated(guard, evals):
+    for version, score, high in evals:
+        assert guard.review_eval(version, {"eval/score": score, "eval/score_high": high}) == []
+    return guard
+
+
+def test_a_late_decline_ends_the_run_on_its_best_kept_checkpoint():
+    guard = evaluated(HealthGuard(HealthConfig(end_drop=0.1)), LATE_DECLINE)  # inside --health-eval-drop 0.2
+    event = guard.end_on_best(list(range(0, 21, 2)))
+    assert event.action == "end_on_best" and event.rule == "late_decline" and event.step == 20
+    assert event.values == {"value": 0.8594, "high": 0.9375, "best": 0.9844, "ended_on": 14.0}  # newest of equals
+    assert "checkpoint of step 14" in event.message
+    # only a kept checkpoint can be ended on: with 6-14 pruned, the best kept is 16, 0.0625 above: no decline
+    assert guard.best_kept_eval([0, 16, 18, 20]) == (16, 0.9219)
+    assert guard.end_on_best([0, 16, 18, 20]) is None
+    assert HealthGuard(HealthConfig(end_drop=0.0)).end_on_best(list(range(0, 21, 2))) is None
+
+
+def test_a_decline_inside_the_final_evaluations_interval_or_the_margin_keeps_the_last_weights():
+    # the interval reaches the best: the best of many noisy evaluations is high by chance
+    noisy = [(10, 0.844, 0.92), (12, 0.80, 0.88), (14, 0.78, 0.86)]
+    assert evaluated(HealthGuard(HealthConfig(end_drop=0.05)), noisy).end_on_best([10, 12, 14]) is None
+    # beyond the interval but within --health-end-drop
+    small = [(10, 0.99, 1.0), (12, 0.92, 0.95)]
+    assert evaluated(HealthGuard(HealthConfig(end_drop=0.1)), small).end_on_best([10, 12]) is None
+    # no interval recorded: not judged
+    guard = HealthGuard(HealthConfig(end_drop=0.1))
+    guard.review_eval(10, {"eval/score": 0.99})
+    guard.review_eval(12, {"eval/score": 0.5})
+    assert guard.end_on_best([10, 12]) is None
+    # the guard off: never
+    assert evaluated(HealthGuard(HealthConfig(enabled=False)), LATE_DECLINE).end_on_best([14, 20]) is None
+
+
+def test_a_rollback_forgets_the_evaluations_it_undoes_and_a_replay_remembers_the_rest():
+    guard = evaluated(HealthGuard(HealthConfig(end_drop=0.1)), LATE_DECLINE)
+    guard.rolled_back(8)  # versions 8.. are undone: the best left is version 6
+    assert guard.best_kept_eval(list(range(0, 21, 2))) == (6, 0.9844)
+    replayed = HealthGuard(HealthConfig(end_drop=0.1))
+    replayed.replay([{"step": v, "eval/score": s, "eval/score_high": h} for v, s, h in LATE_DECLINE], rollbacks=0)
+    assert replayed.end_on_best([14, 20]).values["ended_on"] == 14.0

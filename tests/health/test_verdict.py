@@ -93,3 +93,21 @@ def test_a_stop_the_run_was_resumed_after_no_longer_ends_it():
     warn = {"step": 4, "action": "warn", "rule": "logprob_gap", "message": "step 4: gap", "values": {}}
     assert verdict([stop, resume, warn]).startswith("warned at step 4: logprob_gap (1 warnings")
     assert verdict([stop, resume, warn, {**stop, "step": 6}]).startswith("stopped at step 6")
+
+
+END = event(
+    20,
+    "end_on_best",
+    "late_decline",
+    "eval/score 0.859 at the final version 20 (interval up to 0.938) is 0.125 below 0.984 at version 14 "
+    "(--health-end-drop 0.1): the run ends on the checkpoint of step 14",
+    ended_on=14.0,
+)
+
+
+def test_a_run_that_ended_on_its_best_checkpoint_says_so_after_its_situation():
+    assert level([END]) == "healthy"
+    assert verdict([END]) == f"healthy; ended on its best checkpoint: {END['message']}"
+    assert verdict([WARN, END]).startswith("warned at step 4: entropy_collapse (1 warnings,")
+    assert verdict([WARN, END]).endswith("the run ends on the checkpoint of step 14")
+    assert END in events_shown([WARN] * 200 + [END] + [WARN] * 200, head=2, tail=2)
