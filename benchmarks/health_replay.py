@@ -20,15 +20,20 @@ from slime_search.utils.records import read_records
 
 
 def replay(records: list[dict], config: HealthConfig) -> list[Event]:
-    """Every event the guard would have raised over these records, in order (rollbacks are decided, not done)."""
+    """Every event the guard would have raised over these records, in order (rollbacks are decided, not done), and
+    its decision at the end of the run, taking every evaluated version as checkpointed (the guard keeps its best
+    evaluated checkpoint from pruning; with --save-interval a divisor of --eval-interval each one has one)."""
     guard = HealthGuard(config)
     events: list[Event] = []
+    evaluated = []
     for record in records:
         if "time/step_s" in record:
             events += guard.check_rollout(record["step"], record, {}) + guard.review(record["step"], record)
         elif "eval/score" in record:
             events += guard.review_eval(record["step"], record)
-    return events
+            evaluated.append(record["step"])
+    end = guard.end_on_best(evaluated)
+    return events if end is None else [*events, end]
 
 
 def first_drop(records: list[dict], key: str, margin: float) -> int | None:
@@ -54,6 +59,7 @@ def summary(run: Path, config: HealthConfig, margin: float, key: str = "eval/em"
         "warn": first["warn"],
         "rollback": first["rollback"],
         "warnings": sum(e.action == "warn" for e in events),
+        "end_on_best": next((e for e in events if e.action == "end_on_best"), None),
     }
 
 
@@ -66,7 +72,11 @@ def row(s: dict) -> str:
     lead = ""
     if s["drop_at"] is not None and s["rollback"] is not None:
         lead = f"{s['drop_at'] - s['rollback'].step:+d}"
-    return f"| {s['run']} | {ems} | {drop} | {when(s['warn'])} | {when(s['rollback'])} | {lead} | {s['warnings']} |"
+    end = "last" if s["end_on_best"] is None else f"step {s['end_on_best'].values['ended_on']:.0f}"
+    return (
+        f"| {s['run']} | {ems} | {drop} | {when(s['warn'])} | {when(s['rollback'])} | {lead} | {s['warnings']} | "
+        f"{end} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     config = health_config(args)
     print(
         f"| run | held-out EM by version | EM {args.drop} below its best | first warning | first rollback | "
-        "lead (versions) | warnings |"
+        "lead (versions) | warnings | ends on |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for run in args.runs:
         print(row(summary(run, config, args.drop)))
     return 0

@@ -215,10 +215,10 @@ def end_on_best(run, group, transport, colocation, guard) -> None:
     report([event], run, guard)
 
 
-def roll_back(event, config, run, sink, group, manager, transport, colocation, guard, rollouts):
+def roll_back(event, config, run, sink, group, manager, transport, colocation, guard, rollouts, beside=None):
     """Back to the newest checkpoint that stayed healthy before the trouble began, with the remedy of one more
     rollback; returns the step to continue from and the new schedule. Stops the run when no rollback is left or no
-    checkpoint qualifies."""
+    checkpoint qualifies. Evaluations beside training of the versions undone are dropped."""
     from slime_search.health.guard import Event
     from slime_search.rollout.schedule import create_schedule
 
@@ -253,6 +253,8 @@ def roll_back(event, config, run, sink, group, manager, transport, colocation, g
     group.set_lr_scale(scale)
     rollouts = create_schedule(schedule, manager)
     rollouts.start(target)
+    if beside is not None:
+        beside.rolled_back(target)
     return target, rollouts
 
 
@@ -296,10 +298,8 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
             rollback = first_rollback(report(guard.review_eval(step, metrics), run, guard))
         if rollback is not None:
             step, rollouts = roll_back(
-                rollback, config, run, sink, group, manager, transport, colocation, guard, rollouts
+                rollback, config, run, sink, group, manager, transport, colocation, guard, rollouts, beside
             )
-            if beside is not None:
-                beside.rolled_back(step)
             continue
         if step >= config.num_rollout:
             end_on_best(run, group, transport, colocation, guard)
@@ -339,10 +339,8 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
         rollback = first_rollback(events)
         if rollback is not None:
             step, rollouts = roll_back(
-                rollback, config, run, sink, group, manager, transport, colocation, guard, rollouts
+                rollback, config, run, sink, group, manager, transport, colocation, guard, rollouts, beside
             )
-            if beside is not None:
-                beside.rolled_back(step)
             continue
         if config.save_due(step + 1):
             colocation.for_weight_push()  # the actor's state must be on its device

@@ -28,4 +28,16 @@ def test_the_guard_replayed_fires_before_the_held_out_drop(tmp_path):
     append_records(run / "metrics.jsonl", rs)
     s = summary(run, HealthConfig(), 0.2)
     assert s["rollback"].step == 3 and s["drop_at"] == 4
-    assert row(s) == "| run-a | 0.100 / 0.600 / 0.300 | version 4 | never | step 3 (policy_jump) | +1 | 0 |"
+    assert row(s) == "| run-a | 0.100 / 0.600 / 0.300 | version 4 | never | step 3 (policy_jump) | +1 | 0 | last |"
+
+
+def test_the_replay_ends_on_the_best_checkpoint_after_a_late_decline(tmp_path):
+    rs = records()
+    rs[1]["eval/score_high"], rs[3]["eval/score_high"], rs[6]["eval/score_high"] = 0.2, 0.7, 0.4
+    events = replay(rs, HealthConfig(eval_drop=0.5, end_drop=0.1))
+    assert [(e.step, e.action) for e in events] == [(3, "rollback"), (4, "end_on_best")]
+    assert events[-1].values["ended_on"] == 2
+    run = tmp_path / "run-b"
+    run.mkdir()
+    append_records(run / "metrics.jsonl", rs)
+    assert row(summary(run, HealthConfig(eval_drop=0.5, end_drop=0.1), 0.2)).endswith("| step 2 |")
