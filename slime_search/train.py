@@ -345,7 +345,7 @@ def run_steps(config, start: int, run, sink, group, manager, transport, colocati
         if config.save_due(step + 1):
             colocation.for_weight_push()  # the actor's state must be on its device
             kept = run.checkpoint_steps()
-            protect = (guard.protected_checkpoint(kept), (guard.best_kept_eval(kept) or (None,))[0])
+            protect = (guard.protected_checkpoint(kept), guard.protected_best(kept))
             save(run, group, manager, step + 1, config, tuple(k for k in protect if k is not None))
         step += 1
 

@@ -192,6 +192,13 @@ class HealthGuard:
         value, version = max(scored)
         return version, value
 
+    def protected_best(self, checkpoints: list[int]) -> int | None:
+        """The best evaluated checkpoint, which --keep-checkpoints must not remove while the run may end on it."""
+        if not self.config.enabled or not self.config.end_drop:
+            return None
+        best = self.best_kept_eval(checkpoints)
+        return None if best is None else best[0]
+
     def end_on_best(self, checkpoints: list[int]) -> Event | None:
         """At the end of the run: whether to end on the best evaluated checkpoint instead of the last weights. Only
         a decline that is both larger than --health-end-drop and beyond the final evaluation's own interval (its

@@ -258,6 +258,10 @@ def test_a_late_decline_ends_the_run_on_its_best_kept_checkpoint():
     assert guard.best_kept_eval([0, 16, 18, 20]) == (16, 0.9219)
     assert guard.end_on_best([0, 16, 18, 20]) is None
     assert HealthGuard(HealthConfig(end_drop=0.0)).end_on_best(list(range(0, 21, 2))) is None
+    # the checkpoint kept from pruning: the best one, only while the run may end on it
+    assert guard.protected_best([0, 14, 16, 18]) == 14
+    assert evaluated(HealthGuard(HealthConfig(end_drop=0.0)), LATE_DECLINE).protected_best([14, 16]) is None
+    assert evaluated(HealthGuard(HealthConfig(enabled=False)), LATE_DECLINE).protected_best([14, 16]) is None
 
 
 def test_a_decline_inside_the_final_evaluations_interval_or_the_margin_keeps_the_last_weights():
