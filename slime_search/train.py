@@ -186,9 +186,10 @@ def event_counts(events, guard) -> dict[str, float]:
 
 
 def end_on_checkpoint(target: int, run, group, transport, colocation, rollouts) -> None:
-    """A run the guard stops ends on its last healthy checkpoint: the later ones (and their HF copies) go, so a
-    resume starts there; the actor loads it and the engines serve it (and the disk transport leaves its weights in
-    RUN/weights). The records of the failed steps are kept: the report shows what happened."""
+    """A run the guard stops ends on a checkpoint from before the trouble (HealthGuard.stop_checkpoint): the later
+    ones (and their HF copies) go, so a resume starts there; the actor loads it and the engines serve it (and the
+    disk transport leaves its weights in RUN/weights). The records of the failed steps are kept: the report shows
+    what happened."""
     rollouts.stop()
     run.rewind_checkpoints(target)
     run.prune_hf_folders()
@@ -227,10 +228,13 @@ def roll_back(event, config, run, sink, group, manager, transport, colocation, g
     if guard.rollbacks >= config.health.max_rollbacks:
         stop = f"{event.message}; no rollback left (--max-rollbacks {config.health.max_rollbacks})"
         values = dict(event.values)
-        if target is not None:  # what the run leaves behind is its last healthy state, not the failing step's
-            end_on_checkpoint(target, run, group, transport, colocation, rollouts)
-            stop += f"; the run ends on the checkpoint of step {target}, the last that stayed healthy"
-            values["ended_on"] = float(target)
+        # what the run leaves behind is a state from before the trouble, not the failing step's
+        ending = guard.stop_checkpoint(run.checkpoint_steps(), before)
+        if ending is not None:
+            end_on_checkpoint(ending, run, group, transport, colocation, rollouts)
+            why = "the last that stayed healthy" if ending == target else "the best evaluated before the trouble"
+            stop += f"; the run ends on the checkpoint of step {ending}, {why}"
+            values["ended_on"] = float(ending)
         report([Event(event.step, "stop", event.rule, stop, values)], run, guard)
     if target is None:
         stop = (

@@ -411,6 +411,21 @@ class HealthGuard:
                 return k
         return None
 
+    def stop_checkpoint(self, checkpoints: list[int], before: int) -> int | None:
+        """The checkpoint a run the guard stops ends on: of the checkpoints at or before `before` (where the trouble
+        began), the best evaluated one when its held-out metric beats that of the last healthy one
+        (`healthy_checkpoint`), else that one. Nothing trains on from a stopped run, so what counts is what its
+        weights score, not whether the steps after them were clean; a tie goes to the healthy one."""
+        healthy = self.healthy_checkpoint(checkpoints, before)
+        scores = dict(self._evals)
+        candidates = [k for k in checkpoints if k <= before and k in scores]
+        if not candidates:
+            return healthy
+        best = max(candidates, key=lambda k: (scores[k], k))
+        if healthy is None or scores[best] > scores.get(healthy, float("-inf")):
+            return best
+        return healthy
+
     def protected_checkpoint(self, checkpoints: list[int]) -> int | None:
         """The checkpoint a rollback would go back to now, which --keep-checkpoints must not remove."""
         return self.healthy_checkpoint(checkpoints, before=self._history[-1]["step"] + 1 if self._history else 0)

@@ -287,3 +287,21 @@ def test_a_rollback_forgets_the_evaluations_it_undoes_and_a_replay_remembers_the
     replayed = HealthGuard(HealthConfig(end_drop=0.1))
     replayed.replay([{"step": v, "eval/score": s, "eval/score_high": h} for v, s, h in LATE_DECLINE], rollbacks=0)
     assert replayed.end_on_best([14, 20]).values["ended_on"] == 14.0
+
+
+def test_a_stopped_run_ends_on_the_best_evaluated_checkpoint_before_the_trouble():
+    """Seed 0's fully replica 0 (docs/benchmarks/health.md): out of rollbacks at step 13 (a length blow-up since step
+    11), the last healthy checkpoint was step 4 (0.594); step 6 scored 0.703 but steps within its confirmation window
+    warned."""
+    guard = HealthGuard(HealthConfig(confirm_steps=3))
+    for step in range(4, 14):  # warnings from step 8 on: checkpoint 6's confirmation window (6-8) is not clean
+        guard.review(step, step_record(step, entropy=0.01 if step >= 8 else 1.0))
+    evaluated(guard, [(4, 0.594, 0.7), (6, 0.703, 0.8), (8, 0.656, 0.75), (10, 0.578, 0.7), (12, 0.531, 0.6)])
+    kept = [4, 6, 8, 10, 12]
+    assert guard.healthy_checkpoint(kept, before=11) == 4
+    assert guard.stop_checkpoint(kept, before=11) == 6  # the best evaluated at or before step 11
+    assert guard.stop_checkpoint(kept, before=5) == 4  # step 6 is after the trouble began: not a candidate
+    tie = HealthGuard(HealthConfig())
+    evaluated(tie, [(0, 0.5, 0.6), (2, 0.5, 0.6)])
+    assert tie.stop_checkpoint([0, 2], before=2) == 0  # a tie goes to the healthy one (0: the starting weights)
+    assert HealthGuard(HealthConfig()).stop_checkpoint([0, 2], before=2) == 0  # no evaluation: the healthy one
