@@ -18,7 +18,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 
@@ -105,6 +104,7 @@ def check_training(checkpoint: Path, family: str, dtype, device) -> None:
     """Log-probs against HF, GRPO steps, the colocated hand-over and the weight gather on one actor."""
     import torch
 
+    from benchmarks.megatron_train import handover
     from slime_search.backends.megatron.actor import MegatronActor
     from slime_search.weight_sync.gather import iter_hf_buckets
 
@@ -135,27 +135,11 @@ def check_training(checkpoint: Path, family: str, dtype, device) -> None:
     for sample, lp in zip(samples, old, strict=True):
         sample.old_log_probs = lp
     history = [actor.train_step(samples) for _ in range(3)]
-    offload = {}
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        before_params = [p.detach().clone() for p in actor.model.parameters()]
-        allocated = torch.cuda.memory_allocated()
-        start = time.perf_counter()
-        handed = actor.offload()
-        offload_s = time.perf_counter() - start
-        after_offload = torch.cuda.memory_allocated()
-        start = time.perf_counter()
-        actor.onload()
-        onload_s = time.perf_counter() - start
-        same = all(torch.equal(a, b) for a, b in zip(before_params, actor.model.parameters(), strict=True))
-        offload = {
-            "bytes_handed_over": handed,
-            "device_bytes_before": allocated,
-            "device_bytes_offloaded": after_offload,
-            "offload_s": round(offload_s, 4),
-            "onload_s": round(onload_s, 4),
-            "bit_exact_after_onload": same,
-        }
+    before_params = [p.detach().clone() for p in actor.model.parameters()]
+    offload = handover(actor)  # on CPU the device-memory figures read 0
+    offload["bit_exact_after_onload"] = all(
+        torch.equal(a, b) for a, b in zip(before_params, actor.model.parameters(), strict=True)
+    )
     history.append(actor.train_step(samples))
     keys = ("loss", "grad_norm", "step_applied", "kl_old_new")
     emit(

@@ -159,30 +159,32 @@ def track_phase_peaks(actor) -> PhasePeaks:
     return phases
 
 
-def measure_handover(actor) -> dict:
-    """Device memory and time of handing the actor's weights, gradients and optimizer state to host memory and back,
-    twice: the first hand-over allocates (and pins) the host buffers, later ones reuse them."""
+def handover(actor) -> dict:
+    """One hand-over of the actor's weights, gradients and optimizer state to host memory and back: bytes, device
+    memory before and while handed over (GiB), seconds each way."""
     import torch
 
-    out = {}
-    for round_ in (1, 2):
-        torch.cuda.synchronize()
-        held = torch.cuda.memory_allocated()
-        start = time.perf_counter()
-        handed = actor.offload()
-        offload_s = time.perf_counter() - start
-        left = torch.cuda.memory_allocated()
-        start = time.perf_counter()
-        actor.onload()
-        torch.cuda.synchronize()
-        out[f"handover_{round_}"] = {
-            "gib_handed": round(handed / 2**30, 2),
-            "device_gib_before": round(held / 2**30, 2),
-            "device_gib_while_offloaded": round(left / 2**30, 2),
-            "offload_s": round(offload_s, 2),
-            "onload_s": round(time.perf_counter() - start, 2),
-        }
-    return out
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    handed = actor.offload()
+    offload_s = time.perf_counter() - start
+    left = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    actor.onload()
+    torch.cuda.synchronize()
+    return {
+        "gib_handed": round(handed / 2**30, 2),
+        "device_gib_before": round(held / 2**30, 2),
+        "device_gib_while_offloaded": round(left / 2**30, 2),
+        "offload_s": round(offload_s, 2),
+        "onload_s": round(time.perf_counter() - start, 2),
+    }
+
+
+def measure_handover(actor) -> dict:
+    """Two hand-overs: the first allocates (and pins) the host buffers, later ones reuse them."""
+    return {f"handover_{round_}": handover(actor) for round_ in (1, 2)}
 
 
 if __name__ == "__main__":

@@ -490,15 +490,10 @@ def check_flags(args: argparse.Namespace) -> None:
 def check_recompute(args: argparse.Namespace) -> None:
     """Megatron's rules for activation recomputation, said at start-up with the flags' names."""
     granularity, method, layers = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
-    if granularity is None and (method or layers):
-        raise ValueError("--recompute-method and --recompute-num-layers need --recompute-granularity full")
+    if granularity != "full" and (method or layers):
+        raise ValueError("--recompute-method and --recompute-num-layers go with --recompute-granularity full only")
     if granularity == "full" and (method is None or layers is None):
         raise ValueError("--recompute-granularity full needs --recompute-method and --recompute-num-layers")
-    if granularity == "selective" and (method or layers):
-        raise ValueError(
-            "--recompute-granularity selective recomputes the core attention of every layer: drop "
-            "--recompute-method and --recompute-num-layers"
-        )
 
 
 def check_importance_weights(args: argparse.Namespace) -> None:

@@ -384,7 +384,7 @@ def test_recompute_flags_follow_megatrons_rules_and_reach_the_model_options(caps
     assert model_source(parse("--recompute-granularity", "selective")).model_overrides["recompute_method"] is None
     assert model_source(parse()).model_overrides["recompute_granularity"] is None
     assert "needs --recompute-method" in usage_error(capsys, "--recompute-granularity", "full")
-    assert "drop --recompute-method" in usage_error(
+    assert "go with --recompute-granularity full only" in usage_error(
         capsys, "--recompute-granularity", "selective", "--recompute-num-layers", "2"
     )
-    assert "need --recompute-granularity full" in usage_error(capsys, "--recompute-method", "block")
+    assert "go with --recompute-granularity full only" in usage_error(capsys, "--recompute-method", "block")
