@@ -12,8 +12,10 @@ records, so the replay shows the first rollback it would have made). Each unguar
 
     false alarm  the guard would have rolled it back, and it ended within the margin unaided
     needed       the guard would have rolled it back, and it ended below the margin
-    missed       it ended below the margin, and the guard would not have rolled it back
-    quiet        neither
+    ends on best it ended below the margin with no rollback, and the guard would have ended it on its best evaluated
+                 checkpoint (--health-end-drop; what that checkpoint scores on all questions is not measured here)
+    missed       it ended below the margin, and the guard would have done neither
+    quiet        none of these
 
 Asynchronous runs do not replay the same trajectories, so a guarded run and its twin share their configuration and
 seeds, not their batches: the comparison is of the two sets, and the replay is the per-run verdict. Guard settings
@@ -32,7 +34,7 @@ from benchmarks.async_modes import WIDE_EVAL, deepest_dip, health_summary, recor
 from benchmarks.health_replay import replay
 from slime_search.health.config import HealthConfig, add_health_arguments, health_config
 
-VERDICTS = ("false alarm", "needed", "missed", "quiet")
+VERDICTS = ("false alarm", "needed", "ends on best", "missed", "quiet")
 
 
 def seed_dir(folders: list[Path], seed: int) -> Path:
@@ -49,10 +51,12 @@ def final_em(run: Path) -> float:
     return json.loads(path.read_text())["eval/em"]
 
 
-def verdict(rolled_back: bool, below: bool) -> str:
+def verdict(rolled_back: bool, ends_on_best: bool, below: bool) -> str:
     if rolled_back:
         return "needed" if below else "false alarm"
-    return "missed" if below else "quiet"
+    if below:
+        return "ends on best" if ends_on_best else "missed"
+    return "quiet"
 
 
 def unguarded_run(run: Path, off_mean: float, margin: float, config: HealthConfig) -> dict:
@@ -60,6 +64,7 @@ def unguarded_run(run: Path, off_mean: float, margin: float, config: HealthConfi
     rows = records(run)
     events = replay(rows, config)
     rollback = next((e for e in events if e.action == "rollback"), None)
+    ends_on_best = any(e.action == "end_on_best" for e in events)
     end = final_em(run)
     below = end < off_mean - margin
     return {
@@ -68,7 +73,7 @@ def unguarded_run(run: Path, off_mean: float, margin: float, config: HealthConfi
         "dip": deepest_dip([r["eval/em"] for r in rows if "eval/em" in r and "time/eval_s" in r]),
         "rollback": rollback,
         "rollbacks": sum(e.action == "rollback" for e in events),
-        "verdict": verdict(rollback is not None, below),
+        "verdict": verdict(rollback is not None, ends_on_best, below),
     }
 
 
