@@ -217,7 +217,7 @@ def test_longer_responses_escalate_only_while_the_reward_is_down():
     and truncation warnings now escalate only with the training reward's window mean below its best as well."""
 
     def run(rewards):
-        guard = HealthGuard(HealthConfig(window=10, length_reward_dip=0.05))  # reward windows of 5 steps
+        guard = HealthGuard(HealthConfig(window=10, length_reward_dip=0.05, patience=3))  # reward windows of 5 steps
         events = []
         for step, reward in enumerate(rewards):
             length = 35.0 if step < 8 else 192.0
