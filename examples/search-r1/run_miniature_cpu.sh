@@ -36,6 +36,9 @@ RL_LR=${RL_LR:-5e-4}
 RL_NAME=${RL_NAME:-rl}
 RL_SAVE_INTERVAL=${RL_SAVE_INTERVAL:-5}  # checkpoints the health guard can roll back to (0: only at the end)
 read -r -a RL_EXTRA <<<"${RL_ARGS:-}"
+# the RL run's importance weights against the engine: TIS by default; e.g. IS_ARGS="--use-mis --mis-mode mask" for an
+# IcePop-style token mask (the two are exclusive, so it replaces --use-tis rather than adding to RL_ARGS)
+read -r -a IS_EXTRA <<<"${IS_ARGS:---use-tis}"
 EVAL_INTERVAL=${EVAL_INTERVAL:-5}
 RETRIEVER_PORT=${RETRIEVER_PORT:-8790}
 DEMO_PORT=${DEMO_PORT:-8791}
@@ -116,7 +119,7 @@ fi
 run_driver python3 "${REPO_ROOT}/train.py" "${COMMON_ARGS[@]}" "${SEARCH_ARGS[@]}" \
    --save "${RUN_DIR}/${RL_NAME}" --load "${RUN_DIR}/sft/checkpoints" \
    --num-rollout "${RL_STEPS}" --rollout-batch-size "${RL_PROMPTS}" --n-samples-per-prompt "${RL_SAMPLES}" \
-   --advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 --use-tis --lr "${RL_LR}" \
+   --advantage-estimator grpo --eps-clip 0.2 --eps-clip-high 0.28 "${IS_EXTRA[@]}" --lr "${RL_LR}" \
    --eval-prompt-data heldout "${RUN_DIR}/task/heldout.parquet" --eval-interval "${EVAL_INTERVAL}" \
    --save-interval "${RL_SAVE_INTERVAL}" --log-rollout-examples 6 "${RL_EXTRA[@]}"
 
