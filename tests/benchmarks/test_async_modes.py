@@ -155,3 +155,11 @@ def test_the_health_table_counts_runs_ending_below_their_seeds_synchronous_mean(
     assert "| 0 | fully | 0 | 0.790 | -0.060 | 0.800 | 1 | 2 | yes |" in text
     assert "| 0 | fully | 1 | 0.810 | -0.040 | 0.000 | 0 | 2 | no |" in text
     assert "1 of 4 runs ended more than 0.05 below" in text  # the off run at 0.80 is 0.05 below its mean: not counted
+
+
+def test_the_rl_runs_importance_weighting_is_tis_unless_is_args_replaces_it():
+    """Every figure of the benchmarks is made with TIS; IS_ARGS (e.g. "--use-mis --mis-mode mask") replaces it, since
+    train.py refuses the two together (tests/test_arguments.py)."""
+    assert re.search(r'^read -r -a IS_EXTRA <<<"\$\{IS_ARGS:---use-tis\}"$', SCRIPT_TEXT, re.M)
+    rl_command = SCRIPT_TEXT[SCRIPT_TEXT.index("--advantage-estimator grpo") :].split("\n\n")[0]
+    assert '"${IS_EXTRA[@]}"' in rl_command and "--use-tis" not in rl_command

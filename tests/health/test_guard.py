@@ -305,3 +305,25 @@ def test_a_stopped_run_ends_on_the_best_evaluated_checkpoint_before_the_trouble(
     evaluated(tie, [(0, 0.5, 0.6), (2, 0.5, 0.6)])
     assert tie.stop_checkpoint([0, 2], before=2) == 0  # a tie goes to the healthy one (0: the starting weights)
     assert HealthGuard(HealthConfig()).stop_checkpoint([0, 2], before=2) == 0  # no evaluation: the healthy one
+
+
+# the trainer-engine log-prob gap per step of two unguarded fully-asynchronous runs of the benchmark
+# (docs/benchmarks/health.md, "The guard against its unguarded twins"), steps 0-7
+GAP_ENDED_WELL = [0.0, 0.06, 0.14, 0.18, 0.16, 0.06, 0.21, 0.08]  # seed 2, replica 1: 0.985, level with synchronous
+GAP_ENDED_LOW = [0.0, 0.06, 0.21, 0.18, 0.2, 0.18, 0.15, 0.17]  # seed 0, replica 3: 0.718, 0.086 below
+
+
+def test_the_default_patience_spares_a_three_step_gap_and_rolls_back_a_lasting_one():
+    """With patience 3 the first run was rolled back at step 4 and it would have ended level unaided; the default
+    (4) lets a gap that holds three steps pass as warnings and still rolls back the gap that lasts."""
+
+    def rollbacks(gaps, config):
+        guard, events = HealthGuard(config), []
+        for step, gap in enumerate(gaps):
+            events += guard.review(step, step_record(step, **{"health/logprob_gap_lag1": gap}))
+        return [(e.step, e.rule) for e in events if e.action == "rollback"]
+
+    assert HealthConfig().patience == 4
+    assert rollbacks(GAP_ENDED_WELL, HealthConfig()) == []
+    assert rollbacks(GAP_ENDED_WELL, HealthConfig(patience=3)) == [(4, "logprob_gap")]
+    assert rollbacks(GAP_ENDED_LOW, HealthConfig())[0] == (5, "logprob_gap")
