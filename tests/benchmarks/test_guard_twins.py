@@ -30,7 +30,7 @@ def make_run(run, final, broken_step=None, rollbacks=0, last_eval=(0.5, 0.6)):
 
 
 @pytest.fixture
-def benchmark(tmp_path):
+def twin_runs(tmp_path):
     guarded, unguarded = tmp_path / "g" / "seed0", tmp_path / "u" / "seed0"
     make_run(guarded / "rl-off-lr5e-4", 0.80)
     make_run(guarded / "rl-off-lr5e-4-rep1", 0.90)
@@ -48,8 +48,8 @@ def benchmark(tmp_path):
     return tmp_path
 
 
-def test_each_unguarded_run_is_judged_by_the_replayed_guard_and_where_it_ended(benchmark):
-    result = compare([benchmark / "g"], [benchmark / "u"], [0], ["fully"], 4, "5e-4", 0.05, HealthConfig())
+def test_each_unguarded_run_is_judged_by_the_replayed_guard_and_where_it_ended(twin_runs):
+    result = compare([twin_runs / "g"], [twin_runs / "u"], [0], ["fully"], 4, "5e-4", 0.05, HealthConfig())
     assert result["off"][0] == pytest.approx(0.85)
     u = result["unguarded"]
     assert [u[(0, "fully", r)]["verdict"] for r in range(4)] == ["false alarm", "needed", "missed", "ends on best"]
@@ -68,8 +68,8 @@ def test_each_unguarded_run_is_judged_by_the_replayed_guard_and_where_it_ended(b
     assert rows[5].endswith("| none | 0 | ends on best | 0.860 |")
 
 
-def test_other_bounds_replay_over_the_same_runs(benchmark, capsys):
-    assert main(["--guarded", str(benchmark / "g"), "--unguarded", str(benchmark / "u"), "--seeds", "0",
+def test_other_bounds_replay_over_the_same_runs(twin_runs, capsys):
+    assert main(["--guarded", str(twin_runs / "g"), "--unguarded", str(twin_runs / "u"), "--seeds", "0",
                  "--modes", "fully", "--replicas", "4", "--rl-lr", "5e-4", "--health-max-update-kl", "5"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "| all | | | | 1 of 4 | 1 | | 3 of 4 | 0 / 0 / 1 / 2 / 1 |" in out  # no rollback: two runs missed
@@ -82,7 +82,7 @@ def test_the_verdicts():
     assert verdict(False, False, True) == "missed" and verdict(False, False, False) == "quiet"
 
 
-def test_a_run_without_its_wide_evaluation_is_named(benchmark):
-    (benchmark / "u" / "seed0" / "rl-fully-lr5e-4-rep2" / "wide_eval.json").unlink()
+def test_a_run_without_its_wide_evaluation_is_named(twin_runs):
+    (twin_runs / "u" / "seed0" / "rl-fully-lr5e-4-rep2" / "wide_eval.json").unlink()
     with pytest.raises(FileNotFoundError, match="rl-fully-lr5e-4-rep2: no wide_eval.json"):
-        compare([benchmark / "g"], [benchmark / "u"], [0], ["fully"], 4, "5e-4", 0.05, HealthConfig())
+        compare([twin_runs / "g"], [twin_runs / "u"], [0], ["fully"], 4, "5e-4", 0.05, HealthConfig())
