@@ -171,12 +171,16 @@ def report(events, run, guard) -> list:
 
 def train_on(config, group, batch, step: int, guard, run) -> dict[str, float]:
     """The trainer's log-probs of the batch, its health signals (stop on a damaged actor), the optimizer steps."""
-    from slime_search.health.signals import batch_signals
+    from slime_search.health.signals import batch_signals, importance_signals
+    from slime_search.ray.train_group import split_into_steps
 
     group.prepare(batch.samples)
     metrics = batch_signals(batch.samples, step, config.actor.loss.tis_cap)
     report(guard.check_batch(step, metrics), run, guard)
     metrics.update(group.optimize(batch.samples, config.steps_per_rollout, guard.skip_above()))
+    if config.actor.loss.mis is not None:  # the optimizer steps' batches, as optimize splits the rollout
+        parts = split_into_steps(batch.samples, config.steps_per_rollout)
+        metrics.update(importance_signals(parts, config.actor.loss.mis))
     return metrics
 
 

@@ -10,13 +10,17 @@ generated each token.
 
 Both by version lag (the trainer's version minus the token's): 0, 1 and 2 or more. Tokens whose version the engine
 did not name count in the totals only. A pure function of the batch.
+
+Under --use-mis, the statistics of the weights the loss applies (share masked, mean, extremes, ESS, mismatch KL) come
+from the same two log-probs, so they are computed here over each optimizer step's whole batch: a statistic of a batch
+is not the sum of its micro-batches' (a mean over kept tokens, a maximum, an effective sample size).
 """
 
 from __future__ import annotations
 
 import math
 
-from slime_search.algo import LOG_RATIO_BOUND
+from slime_search.algo import LOG_RATIO_BOUND, ISConfig
 from slime_search.types import TrainSample
 
 
@@ -56,4 +60,33 @@ def batch_signals(samples: list[TrainSample], trainer_version: int, is_cap: floa
             out[f"health/logprob_gap_{bucket}"] = float(diff[chosen].abs().mean())
             out[f"health/is_capped_share_{bucket}"] = float(capped[chosen].double().mean())
             out[f"health/tokens_{bucket}"] = float(chosen.sum())
+    return out
+
+
+EXTREMES = {"weight_min": min, "weight_max": max}  # across a rollout's optimizer steps; every other statistic: the mean
+
+
+def importance_signals(steps: list[list[TrainSample]], mis: ISConfig) -> dict[str, float]:
+    """train/mis_*: the statistics of the MIS weights of each optimizer step's global batch (`steps`: the rollout's
+    parts, one per optimizer step, every sample with old and rollout log-probs), as the loss applies them: the batch
+    normaliser of a step is its whole batch's, as the ranks all-reduce it. Over the steps: the mean, and the least and
+    largest weight."""
+    import torch
+
+    from slime_search.algo import compute_is_weights
+
+    per_step: list[dict[str, float]] = []
+    for samples in (part for part in steps if part):
+        for s in samples:
+            if s.old_log_probs is None or s.rollout_log_probs is None:
+                raise ValueError("MIS statistics need the trainer's and the engine's log-probs of every sample")
+        old = torch.tensor([x for s in samples for x in s.old_log_probs], dtype=torch.float32)
+        rollout = torch.tensor([x for s in samples for x in s.rollout_log_probs], dtype=torch.float32)
+        mask = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.float32)
+        result = compute_is_weights(old, rollout, mask, [s.response_length for s in samples], mis)
+        per_step.append({name: float(value) for name, value in result.metrics.items()})
+    out: dict[str, float] = {}
+    for name in dict.fromkeys(name for step in per_step for name in step):
+        values = [step[name] for step in per_step if name in step]
+        out[f"train/mis_{name}"] = EXTREMES.get(name, lambda v: sum(v) / len(v))(values)
     return out

@@ -111,23 +111,75 @@ def test_mis_weights_and_mask_enter_the_policy_loss():
         s.rollout_log_probs = list(s.old_log_probs)
     # old == rollout: every weight is 1 and nothing is masked, so MIS leaves the loss as it is
     base, _ = micro_batch_loss(logits, packed, samples, LossConfig(), num_tokens=4, num_sequences=2)
-    same, metrics = micro_batch_loss(
+    same, _ = micro_batch_loss(
         logits, packed, samples, LossConfig(mis=ISConfig(mode="mask")), num_tokens=4, num_sequences=2
     )
-    assert same.item() == pytest.approx(base.item()) and metrics["mis_mask_kept_fraction"].item() == 1.0
+    assert same.item() == pytest.approx(base.item())
     # a rollout log-prob 3 nats below the trainer's (ratio e^3 > 2) takes that token out of the loss:
     # sample 2 then averages over its second token only
     samples[1].rollout_log_probs = [on_policy[4] - 3.0, on_policy[5]]
-    masked, metrics = micro_batch_loss(
+    masked, _ = micro_batch_loss(
         logits, packed, samples, LossConfig(mis=ISConfig(mode="mask")), num_tokens=4, num_sequences=2
     )
-    assert metrics["mis_mask_kept_fraction"].item() == pytest.approx(3 / 4)
     # per-token surrogate at ratio 1 is -A: sample 1 -> -1, sample 2 -> +0.5 either way; the mean is unchanged,
     # but the masked token now gets no gradient
     masked.backward()
     assert logits.grad[0, 6].abs().sum() == 0 and logits.grad[0, 7].abs().sum() > 0
     with pytest.raises(ValueError, match="not both"):
         LossConfig(use_tis=True, mis=ISConfig())
+
+
+ADDITIVE_CONFIGS = {
+    "tis, kl, entropy, llds": LossConfig(use_tis=True, kl_coef=0.1, entropy_coef=0.01, llds_coef=0.1),
+    "token mean": LossConfig(use_tis=True, reduction="token_mean", eps_clip_c=3.0),
+    "mis, batch-normalised mask": None,  # built in the test: it needs the batch's normaliser
+    "sft": LossConfig(loss_type="sft"),
+}
+
+
+@pytest.mark.parametrize("name", list(ADDITIVE_CONFIGS))
+def test_every_metric_of_the_loss_adds_up_over_micro_batches_to_the_whole_batchs(name):
+    """The actor sums each metric over a step's micro-batches and the data-parallel ranks: each must be the micro-batch's
+    share of a whole-batch quantity. A mean of the micro-batch alone (the MIS statistics once were) reads the number
+    of micro-batches times too high."""
+    from slime_search.algo import ISConfig
+    from slime_search.backends.megatron.loss import local_mis_stats
+
+    samples = complete_batch() + [
+        TrainSample(
+            [3, 1, 4, 1, 5, 9],
+            4,
+            [1, 1, 0, 1],
+            1.5,
+            [-0.3, -2.5, 0.0, -1.0],
+            [-2.0, -2.4, 0.0, -0.1],
+            [-0.4, -2.0, 0.0, -1.0],
+        )
+    ]
+    config = ADDITIVE_CONFIGS[name]
+    normalizer = None
+    if config is None:
+        mis = ISConfig(mode="mask", upper=2.0, batch_normalize=True)
+        config, normalizer = LossConfig(mis=mis), local_mis_stats(samples, mis, torch.device("cpu")).float()
+    gen = torch.Generator().manual_seed(0)
+    sample_logits = [torch.randn(1, len(s.tokens), 16, generator=gen) for s in samples]
+    num_tokens, num_sequences = float(sum(sum(s.loss_mask) for s in samples)), len(samples)
+
+    def metrics_of(groups: list[list[int]]) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for group in groups:
+            batch = [samples[i] for i in group]
+            packed = pack([s.tokens for s in batch], [s.response_length for s in batch])
+            logits = torch.cat([sample_logits[i] for i in group], dim=1)
+            _, metrics = micro_batch_loss(logits, packed, batch, config, num_tokens, num_sequences, normalizer)
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        return totals
+
+    whole, split = metrics_of([[0, 1, 2]]), metrics_of([[0], [1, 2]])
+    assert set(split) == set(whole) and whole
+    for key, value in whole.items():
+        assert split[key] == pytest.approx(value, abs=1e-6), key
 
 
 def complete_batch():

@@ -171,8 +171,14 @@ def test_grpo_with_broadcast_weight_sync(tiny_checkpoint, tmp_path):
 
 def test_a_qwen3_policy_trains_and_its_pushed_weights_serve_the_trainers_log_probs(tiny_qwen3_checkpoint, tmp_path):
     """Qwen3 (q/k norms, no q/k/v bias, its own head size) through the whole loop at TP 2: the CPU engine serves it,
-    the broadcast pushes carry every tensor (a q/k norm left behind would part engine and trainer log-probs)."""
-    run_three_disk_free_steps(tiny_qwen3_checkpoint, tmp_path, "--update-weight-transport", "nccl")
+    the broadcast pushes carry every tensor (a q/k norm left behind would part engine and trainer log-probs). With the
+    MIS token mask: engine and trainer agree, so it keeps every token at weight 1, and the run reports so."""
+    mis = ["--use-mis", "--mis-mode", "mask", "--global-batch-size", "2"]  # two optimizer steps per rollout
+    records = run_three_disk_free_steps(tiny_qwen3_checkpoint, tmp_path, "--update-weight-transport", "nccl", *mis)
+    for step in (r for r in records if "train/loss" in r):
+        assert step["train/steps"] == 2 and step["train/mis_mask_kept_fraction"] == 1.0, step
+        assert step["train/mis_weight_mean"] == pytest.approx(1.0, abs=1e-3), step
+        assert 0.999 < step["train/mis_weight_min"] <= step["train/mis_weight_max"] < 1.001, step
 
 
 def test_colocated_run_hands_memory_over_between_phases(tiny_checkpoint, tmp_path):

@@ -3,8 +3,9 @@
 import math
 
 import pytest
+import torch
 
-from slime_search.health.signals import batch_signals
+from slime_search.health.signals import batch_signals, importance_signals
 from slime_search.types import TrainSample
 
 
@@ -46,3 +47,38 @@ def test_non_finite_trainer_log_probs_are_counted_not_averaged():
     out = batch_signals([sample], trainer_version=0, is_cap=2.0)
     assert out["health/nonfinite_old_log_probs"] == 1.0 and out["health/logprob_gap"] == 0.0
     assert batch_signals([TrainSample([1, 2], 1, [1])], 0, 2.0) == {"health/nonfinite_old_log_probs": 0.0}
+
+
+def mis_sample(old, rollout, mask=None):
+    n = len(old)
+    return TrainSample(list(range(1, n + 2)), n, mask or [1] * n, old_log_probs=old, rollout_log_probs=rollout)
+
+
+def test_importance_statistics_are_the_whole_steps_and_the_extremes_the_rollouts():
+    from slime_search.algo import ISConfig, compute_is_weights
+
+    mis = ISConfig(mode="mask", upper=2.0, batch_normalize=True)
+    # weights exp(old - rollout): step 1: 1, e^-1 (below 1/2: masked) | 1, e^0.5, [masked position] ; step 2: e^0.2
+    first = [mis_sample([-1.0, -2.0], [-1.0, -1.0]), mis_sample([-1.0, -0.5, -3.0], [-1.0, -1.0, -1.0], [1, 1, 0])]
+    second = [mis_sample([-1.0], [-1.2])]
+    out = importance_signals([first, [], second], mis)
+    # kept shares 3/4 and 1; ESS over kept weights 1, 1, e^0.5 normalised by their mean
+    assert out["train/mis_mask_kept_fraction"] == pytest.approx((3 / 4 + 1) / 2)
+    assert out["train/mis_mask_fraction_low"] == pytest.approx((1 / 4 + 0) / 2)
+    mean_kept = (2 + math.exp(0.5)) / 3
+    assert out["train/mis_batch_norm_factor"] == pytest.approx((mean_kept + math.exp(0.2)) / 2, rel=1e-6)
+    # the batch-normalised weights: step 1 from 1 / mean_kept to e^0.5 / mean_kept, step 2 exactly 1
+    assert out["train/mis_weight_min"] == pytest.approx(1 / mean_kept, rel=1e-6)
+    assert out["train/mis_weight_max"] == pytest.approx(math.exp(0.5) / mean_kept, rel=1e-6)
+    assert out["train/mis_weight_mean"] == pytest.approx(1.0, rel=1e-6)  # normalised over what enters the loss
+    # the first step's statistics are its whole batch's, computed in one call, not its samples' added
+    whole = compute_is_weights(
+        torch.tensor([-1.0, -2.0, -1.0, -0.5, -3.0]),
+        torch.tensor([-1.0, -1.0, -1.0, -1.0, -1.0]),
+        torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0]),
+        [2, 3],
+        mis,
+    ).metrics
+    assert importance_signals([first], mis)["train/mis_ess"] == pytest.approx(float(whole["ess"]))
+    with pytest.raises(ValueError, match="log-probs"):
+        importance_signals([[TrainSample([1, 2], 1, [1])]], mis)

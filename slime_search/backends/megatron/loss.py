@@ -149,8 +149,8 @@ def micro_batch_loss(
         metrics["tis_clipfrac"] = mean(((old - rollout) > math.log(config.tis_cap)).float())
     elif config.mis is not None:
         result = compute_is_weights(old, rollout, mask, lengths, config.mis, normalize_with=is_normalizer)
+        # Their statistics are the whole batch's, not sums of micro-batches': health.signals.importance_signals.
         per_token, pg_mask = per_token * result.weights, result.mask
-        metrics.update({f"mis_{k}": v for k, v in result.metrics.items()})
     loss = reduce_loss(per_token, pg_mask, lengths, config.reduction, **reduce)
     metrics["pg_loss"] = loss.detach()
     metrics["pg_clipfrac"] = mean(pg.clipped)
