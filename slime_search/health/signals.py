@@ -89,4 +89,6 @@ def importance_signals(steps: list[list[TrainSample]], mis: ISConfig) -> dict[st
     for name in dict.fromkeys(name for step in per_step for name in step):
         values = [step[name] for step in per_step if name in step]
         out[f"train/mis_{name}"] = EXTREMES.get(name, lambda v: sum(v) / len(v))(values)
+    if per_step:  # the loss tokens the mask, the rejection and the veto took out together, whatever the mode
+        out["train/mis_masked_share"] = 1.0 - out["train/mis_mask_kept_fraction"]
     return out

@@ -162,3 +162,19 @@ def test_the_truncation_bound_is_drawn_only_beside_a_recorded_truncation_rate(pl
     right_lines = {line.get_label(): line for line in fig.axes[1].get_lines()}
     assert right_lines["truncation (start + 0.3)"].get_ydata()[0] == pytest.approx(0.4)
     plt.close(fig)
+
+
+def test_the_importance_panel_shows_what_mis_took_out_of_the_loss_when_mis_is_on(plt):
+    tis = [step(n, **{"health/is_capped_share": 0.01, "train/tis_weight_mean": 1.0}) for n in range(4)]
+    fig = draw_panel(plt, panel("health_importance.png"), tis, [], CONFIG)
+    assert set(lines_by_label(fig)) == {"share beyond the cap", "mean TIS weight (capped)", "max capped share 0.2"}
+    plt.close(fig)
+    mis = [
+        step(n, **{"health/is_capped_share": 0.01, "train/mis_masked_share": 0.02 * n, "train/mis_weight_mean": 1.0})
+        for n in range(4)
+    ]
+    fig = draw_panel(plt, panel("health_importance.png"), mis, [], CONFIG)
+    lines = lines_by_label(fig)
+    assert list(lines["share MIS took out of the loss"].get_ydata()) == pytest.approx([0.0, 0.02, 0.04, 0.06])
+    assert "mean MIS weight (applied)" in lines and "mean TIS weight (capped)" not in lines
+    plt.close(fig)

@@ -64,6 +64,7 @@ def test_importance_statistics_are_the_whole_steps_and_the_extremes_the_rollouts
     out = importance_signals([first, [], second], mis)
     # kept shares 3/4 and 1; ESS over kept weights 1, 1, e^0.5 normalised by their mean
     assert out["train/mis_mask_kept_fraction"] == pytest.approx((3 / 4 + 1) / 2)
+    assert out["train/mis_masked_share"] == pytest.approx((1 / 4 + 0) / 2)
     assert out["train/mis_mask_fraction_low"] == pytest.approx((1 / 4 + 0) / 2)
     mean_kept = (2 + math.exp(0.5)) / 3
     assert out["train/mis_batch_norm_factor"] == pytest.approx((mean_kept + math.exp(0.2)) / 2, rel=1e-6)
@@ -82,3 +83,4 @@ def test_importance_statistics_are_the_whole_steps_and_the_extremes_the_rollouts
     assert importance_signals([first], mis)["train/mis_ess"] == pytest.approx(float(whole["ess"]))
     with pytest.raises(ValueError, match="log-probs"):
         importance_signals([[TrainSample([1, 2], 1, [1])]], mis)
+    assert importance_signals([[], []], mis) == {}  # a rollout that left no sample to train on
