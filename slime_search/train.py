@@ -180,7 +180,7 @@ def train_on(config, group, batch, step: int, guard, run) -> dict[str, float]:
     metrics.update(group.optimize(batch.samples, config.steps_per_rollout, guard.skip_above()))
     if config.actor.loss.mis is not None:  # the optimizer steps' batches, as optimize splits the rollout
         parts = split_into_steps(batch.samples, config.steps_per_rollout)
-        metrics.update(importance_signals(parts, config.actor.loss.mis))
+        metrics.update(importance_signals(parts, config.actor.loss.mis, step))
     return metrics
 
 

@@ -24,6 +24,14 @@ from slime_search.algo import LOG_RATIO_BOUND, ISConfig
 from slime_search.types import TrainSample
 
 
+def lag_buckets(lag, known_version) -> list[tuple[str, object]]:
+    """The tokens of each version-lag bucket, as boolean tensors: lag 0, 1, and 2 or more. A token whose version the
+    engine did not name is in none."""
+    return [
+        (name, chosen & known_version) for name, chosen in (("lag0", lag <= 0), ("lag1", lag == 1), ("lag2p", lag >= 2))
+    ]
+
+
 def batch_signals(samples: list[TrainSample], trainer_version: int, is_cap: float) -> dict[str, float]:
     """health/logprob_gap[_LAG], health/is_weight_{mean,max}, health/is_capped_share[_LAG] and
     health/nonfinite_old_log_probs over the generated (loss) tokens of samples whose old log-probs are known. One
@@ -53,9 +61,7 @@ def batch_signals(samples: list[TrainSample], trainer_version: int, is_cap: floa
     out["health/is_weight_max"] = float(weight.max())
     out["health/logprob_gap"] = float(diff.abs().mean())
     out["health/is_capped_share"] = float(capped.double().mean())
-    known_version = versions[valid] >= 0
-    for bucket, chosen in (("lag0", lag <= 0), ("lag1", lag == 1), ("lag2p", lag >= 2)):
-        chosen = chosen & known_version
+    for bucket, chosen in lag_buckets(lag, versions[valid] >= 0):
         if chosen.any():
             out[f"health/logprob_gap_{bucket}"] = float(diff[chosen].abs().mean())
             out[f"health/is_capped_share_{bucket}"] = float(capped[chosen].double().mean())
@@ -66,16 +72,18 @@ def batch_signals(samples: list[TrainSample], trainer_version: int, is_cap: floa
 EXTREMES = {"weight_min": min, "weight_max": max}  # across a rollout's optimizer steps; every other statistic: the mean
 
 
-def importance_signals(steps: list[list[TrainSample]], mis: ISConfig) -> dict[str, float]:
+def importance_signals(steps: list[list[TrainSample]], mis: ISConfig, trainer_version: int) -> dict[str, float]:
     """train/mis_*: the statistics of the MIS weights of each optimizer step's global batch (`steps`: the rollout's
     parts, one per optimizer step, every sample with old and rollout log-probs), as the loss applies them: the batch
     normaliser of a step is its whole batch's, as the ranks all-reduce it. Over the steps: the mean, and the least and
-    largest weight."""
+    largest weight. train/mis_masked_share_LAG: the share of the rollout's loss tokens of each version lag that MIS
+    took out of the loss."""
     import torch
 
     from slime_search.algo import compute_is_weights
 
     per_step: list[dict[str, float]] = []
+    by_lag = {name: [0.0, 0.0] for name in ("lag0", "lag1", "lag2p")}  # tokens taken out, loss tokens
     for samples in (part for part in steps if part):
         for s in samples:
             if s.old_log_probs is None or s.rollout_log_probs is None:
@@ -85,10 +93,19 @@ def importance_signals(steps: list[list[TrainSample]], mis: ISConfig) -> dict[st
         mask = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.float32)
         result = compute_is_weights(old, rollout, mask, [s.response_length for s in samples], mis)
         per_step.append({name: float(value) for name, value in result.metrics.items()})
+        versions = torch.tensor([v for s in samples for v in s.token_versions or [-1] * s.response_length])
+        taken_out = (mask > 0) & (result.mask == 0)
+        for name, chosen in lag_buckets(trainer_version - versions, versions >= 0):
+            chosen = chosen & (mask > 0)
+            by_lag[name][0] += float(taken_out[chosen].sum())
+            by_lag[name][1] += float(chosen.sum())
     out: dict[str, float] = {}
     for name in dict.fromkeys(name for step in per_step for name in step):
         values = [step[name] for step in per_step if name in step]
         out[f"train/mis_{name}"] = EXTREMES.get(name, lambda v: sum(v) / len(v))(values)
     if per_step:  # the loss tokens the mask, the rejection and the veto took out together, whatever the mode
         out["train/mis_masked_share"] = 1.0 - out["train/mis_mask_kept_fraction"]
+    for name, (taken, tokens) in by_lag.items():
+        if tokens:
+            out[f"train/mis_masked_share_{name}"] = taken / tokens
     return out

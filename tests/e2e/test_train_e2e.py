@@ -177,6 +177,8 @@ def test_a_qwen3_policy_trains_and_its_pushed_weights_serve_the_trainers_log_pro
     records = run_three_disk_free_steps(tiny_qwen3_checkpoint, tmp_path, "--update-weight-transport", "nccl", *mis)
     for step in (r for r in records if "train/loss" in r):
         assert step["train/steps"] == 2 and step["train/mis_mask_kept_fraction"] == 1.0, step
+        # a synchronous run trains on tokens of the trainer's own version: all of them in the lag-0 bucket
+        assert step["train/mis_masked_share_lag0"] == 0.0 and "train/mis_masked_share_lag1" not in step, step
         assert step["train/mis_weight_mean"] == pytest.approx(1.0, abs=1e-3), step
         assert 0.999 < step["train/mis_weight_min"] <= step["train/mis_weight_max"] < 1.001, step
 

@@ -49,9 +49,11 @@ def test_non_finite_trainer_log_probs_are_counted_not_averaged():
     assert batch_signals([TrainSample([1, 2], 1, [1])], 0, 2.0) == {"health/nonfinite_old_log_probs": 0.0}
 
 
-def mis_sample(old, rollout, mask=None):
+def mis_sample(old, rollout, mask=None, versions=None):
     n = len(old)
-    return TrainSample(list(range(1, n + 2)), n, mask or [1] * n, old_log_probs=old, rollout_log_probs=rollout)
+    return TrainSample(
+        list(range(1, n + 2)), n, mask or [1] * n, old_log_probs=old, rollout_log_probs=rollout, token_versions=versions
+    )
 
 
 def test_importance_statistics_are_the_whole_steps_and_the_extremes_the_rollouts():
@@ -59,9 +61,16 @@ def test_importance_statistics_are_the_whole_steps_and_the_extremes_the_rollouts
 
     mis = ISConfig(mode="mask", upper=2.0, batch_normalize=True)
     # weights exp(old - rollout): step 1: 1, e^-1 (below 1/2: masked) | 1, e^0.5, [masked position] ; step 2: e^0.2
-    first = [mis_sample([-1.0, -2.0], [-1.0, -1.0]), mis_sample([-1.0, -0.5, -3.0], [-1.0, -1.0, -1.0], [1, 1, 0])]
-    second = [mis_sample([-1.0], [-1.2])]
-    out = importance_signals([first, [], second], mis)
+    # versions (trainer at 5): lag 0, 2 | lag 1, lag 1, (not a loss token) | lag 0
+    first = [
+        mis_sample([-1.0, -2.0], [-1.0, -1.0], versions=[5, 3]),
+        mis_sample([-1.0, -0.5, -3.0], [-1.0, -1.0, -1.0], [1, 1, 0], versions=[4, 4, 4]),
+    ]
+    second = [mis_sample([-1.0], [-1.2], versions=[5])]
+    out = importance_signals([first, [], second], mis, trainer_version=5)
+    # the one token taken out is 2 versions old; the share is the rollout's, over its tokens of that lag
+    assert out["train/mis_masked_share_lag2p"] == 1.0
+    assert out["train/mis_masked_share_lag0"] == out["train/mis_masked_share_lag1"] == 0.0
     # kept shares 3/4 and 1; ESS over kept weights 1, 1, e^0.5 normalised by their mean
     assert out["train/mis_mask_kept_fraction"] == pytest.approx((3 / 4 + 1) / 2)
     assert out["train/mis_masked_share"] == pytest.approx((1 / 4 + 0) / 2)
@@ -80,7 +89,7 @@ def test_importance_statistics_are_the_whole_steps_and_the_extremes_the_rollouts
         [2, 3],
         mis,
     ).metrics
-    assert importance_signals([first], mis)["train/mis_ess"] == pytest.approx(float(whole["ess"]))
+    assert importance_signals([first], mis, 5)["train/mis_ess"] == pytest.approx(float(whole["ess"]))
     with pytest.raises(ValueError, match="log-probs"):
-        importance_signals([[TrainSample([1, 2], 1, [1])]], mis)
-    assert importance_signals([[], []], mis) == {}  # a rollout that left no sample to train on
+        importance_signals([[TrainSample([1, 2], 1, [1])]], mis, 0)
+    assert importance_signals([[], []], mis, 0) == {}  # a rollout that left no sample to train on
