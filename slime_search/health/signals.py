@@ -32,6 +32,13 @@ def lag_buckets(lag, known_version) -> list[tuple[str, object]]:
     ]
 
 
+def flat(values: list[list], dtype):
+    """Per-sample lists of the batch end to end, as one tensor."""
+    import torch
+
+    return torch.cat([torch.tensor(v, dtype=dtype) for v in values])
+
+
 def batch_signals(samples: list[TrainSample], trainer_version: int, is_cap: float) -> dict[str, float]:
     """health/logprob_gap[_LAG], health/is_weight_{mean,max}, health/is_capped_share[_LAG] and
     health/nonfinite_old_log_probs over the generated (loss) tokens of samples whose old log-probs are known. One
@@ -42,13 +49,10 @@ def batch_signals(samples: list[TrainSample], trainer_version: int, is_cap: floa
     if not known:
         return {"health/nonfinite_old_log_probs": 0.0}
 
-    def packed(values, dtype) -> torch.Tensor:
-        return torch.cat([torch.tensor(v, dtype=dtype) for v in values])
-
-    old = packed([s.old_log_probs for s in known], torch.float64)
-    rollout = packed([s.rollout_log_probs for s in known], torch.float64)
-    mask = packed([s.loss_mask for s in known], torch.bool)
-    versions = packed([s.token_versions or [-1] * s.response_length for s in known], torch.long)
+    old = flat([s.old_log_probs for s in known], torch.float64)
+    rollout = flat([s.rollout_log_probs for s in known], torch.float64)
+    mask = flat([s.loss_mask for s in known], torch.bool)
+    versions = flat([s.token_versions or [-1] * s.response_length for s in known], torch.long)
     finite = torch.isfinite(old) & torch.isfinite(rollout)
     out = {"health/nonfinite_old_log_probs": float((mask & ~finite).sum())}
     valid = mask & finite
@@ -88,12 +92,13 @@ def importance_signals(steps: list[list[TrainSample]], mis: ISConfig, trainer_ve
         for s in samples:
             if s.old_log_probs is None or s.rollout_log_probs is None:
                 raise ValueError("MIS statistics need the trainer's and the engine's log-probs of every sample")
-        old = torch.tensor([x for s in samples for x in s.old_log_probs], dtype=torch.float32)
-        rollout = torch.tensor([x for s in samples for x in s.rollout_log_probs], dtype=torch.float32)
-        mask = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.float32)
+        # float32 as the loss takes them: a weight at a mask bound falls on the same side
+        old = flat([s.old_log_probs for s in samples], torch.float32)
+        rollout = flat([s.rollout_log_probs for s in samples], torch.float32)
+        mask = flat([s.loss_mask for s in samples], torch.float32)
         result = compute_is_weights(old, rollout, mask, [s.response_length for s in samples], mis)
         per_step.append({name: float(value) for name, value in result.metrics.items()})
-        versions = torch.tensor([v for s in samples for v in s.token_versions or [-1] * s.response_length])
+        versions = flat([s.token_versions or [-1] * s.response_length for s in samples], torch.long)
         taken_out = (mask > 0) & (result.mask == 0)
         for name, chosen in lag_buckets(trainer_version - versions, versions >= 0):
             chosen = chosen & (mask > 0)
