@@ -118,7 +118,11 @@ def test_ray_agents_left_by_a_killed_driver_are_stopped_from_its_record(tmp_path
     print("left after the driver's SIGKILL:", survivors)
     assert survivors, "Ray stopped every process itself; the record is no longer needed for a killed driver"
     stopped = stop_recorded(record, grace_s=10)
-    assert stopped == sorted(pid for pid, _ in survivors)
+    # A head-side helper (a plain `python`, such as the log monitor) may end by itself between the two looks, so stop
+    # owes only what is still running then; the agents outlive a dead head and are stop's to end.
+    assert set(stopped) <= {pid for pid, _ in survivors}
+    agents = {pid for pid, name in survivors if "Agent" in name}
+    assert agents and agents <= set(stopped)
     assert recorded_alive(read_record(record)) == []
 
 
