@@ -11,15 +11,9 @@ import pytest
 
 from local_dense_retriever.launch import RetrievalServerProcess
 from tests.e2e.test_train_e2e import prepare_task, tiny_train_command
+from tests.process_helpers import descendants, named
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-def descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
 
 
 def wait_for_first_step(run, proc, timeout_s: float = 300) -> None:
@@ -53,11 +47,12 @@ def test_a_signal_to_the_driver_alone_stops_every_process_it_started(tiny_checkp
         try:
             wait_for_first_step(run, proc)
             started = descendants(proc.pid)
-            assert any("raylet" in p.name() for p in started), [p.name() for p in started]
+            names = [name for _, name in named(started)]
+            assert any("raylet" in name for name in names), names
             proc.send_signal(signum)  # the driver's PID only, not its process group
             proc.wait(timeout=120)
             _, alive = psutil.wait_procs(started, timeout=30)
-            left = [f"{p.pid} {p.name()}" for p in alive]
+            left = [f"{pid} {name}" for pid, name in named(alive)]
         finally:
             for process in [*descendants(proc.pid), *started]:  # never leak what this test started
                 with contextlib.suppress(psutil.NoSuchProcess):
@@ -93,12 +88,12 @@ def test_a_sigterm_to_the_run_script_stops_its_driver_and_services(tmp_path):
     try:
         wait_for_first_step(run / "sft", proc)
         started = descendants(proc.pid)
-        names = " ".join(" ".join(p.cmdline()) for p in started)
+        names = " ".join(command for _, command in named(started, command_line=True))
         assert "retrieval_server" in names and "demonstrator" in names and "raylet" in names
         proc.send_signal(signal.SIGTERM)  # the script's PID only
         proc.wait(timeout=120)
         _, alive = psutil.wait_procs(started, timeout=30)
-        left = [f"{p.pid} {p.name()}" for p in alive]
+        left = [f"{pid} {name}" for pid, name in named(alive)]
     finally:
         for process in [*descendants(proc.pid), *started]:
             with contextlib.suppress(psutil.NoSuchProcess):

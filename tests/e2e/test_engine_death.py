@@ -11,14 +11,17 @@ import psutil
 import pytest
 
 from local_dense_retriever.launch import RetrievalServerProcess
-from tests.e2e.test_driver_signals import descendants, wait_for_first_step
+from tests.e2e.test_driver_signals import wait_for_first_step
 from tests.e2e.test_train_e2e import prepare_task, tiny_train_command
+from tests.process_helpers import descendants, named
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def cpu_engines(pid: int) -> list[psutil.Process]:
-    return [p for p in descendants(pid) if "slime_search.engines.cpu_engine_server" in " ".join(p.cmdline())]
+    children = descendants(pid)
+    engines = {child for child, command in named(children, command_line=True) if "cpu_engine_server" in command}
+    return [p for p in children if p.pid in engines]
 
 
 def test_an_engine_killed_mid_run_is_restarted_and_the_run_completes(tiny_checkpoint, tmp_path):

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from slime_search.ray.session import main, read_record, recorded_alive, stop_recorded
+from tests.process_helpers import named
 
 # A stand-in driver: starts a child that outlives it, records its descendants, says so, and waits to be killed.
 DRIVER = textwrap.dedent(
@@ -92,6 +93,10 @@ def test_the_command_takes_a_run_folder_and_says_when_there_is_no_record(tmp_pat
     assert "no record" in capsys.readouterr().err
 
 
+def alive_and_named(record) -> list[tuple[int, str]]:
+    return named(recorded_alive(read_record(record)))
+
+
 @pytest.mark.slow
 def test_ray_agents_left_by_a_killed_driver_are_stopped_from_its_record(tmp_path):
     """The driver's own `ray.init()`: after SIGKILL, Ray's agents outlive it; the record names them and stop ends
@@ -111,14 +116,15 @@ def test_ray_agents_left_by_a_killed_driver_are_stopped_from_its_record(tmp_path
     start_and_kill_driver(record, script, timeout_s=120)
     deadline = time.monotonic() + 30  # the head (GCS, raylet) and the workers go with the driver: give them time
     while time.monotonic() < deadline and any(
-        name in p.name() for p in recorded_alive(read_record(record)) for name in ("raylet", "gcs_server", "worker")
-    ):
+        name in process_name for _, process_name in alive_and_named(record)
+        for name in ("raylet", "gcs_server", "worker")
+    ):  # fmt: skip
         time.sleep(0.5)
-    survivors = [(p.pid, p.name()) for p in recorded_alive(read_record(record))]
+    survivors = alive_and_named(record)
     print("left after the driver's SIGKILL:", survivors)
     assert survivors, "Ray stopped every process itself; the record is no longer needed for a killed driver"
     stopped = stop_recorded(record, grace_s=10)
-    # A head-side helper (a plain `python`, such as the log monitor) may end by itself between the two looks, so stop
+    # A helper of the head (a plain `python` process of Ray's) may end by itself between the two looks, so stop
     # owes only what is still running then; the agents outlive a dead head and are stop's to end.
     assert set(stopped) <= {pid for pid, _ in survivors}
     agents = {pid for pid, name in survivors if "Agent" in name}
