@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from local_dense_retriever.launch import RetrievalServerProcess
+from slime_search.utils.net import free_port
 from tests.e2e.test_train_e2e import prepare_task, tiny_train_command
 from tests.process_helpers import descendants, named
 
@@ -77,8 +78,8 @@ def test_a_sigterm_to_the_run_script_stops_its_driver_and_services(tmp_path):
         "HELDOUT": "8",
         "PRETRAIN_STEPS": "2",
         "SFT_STEPS": "1000",
-        "RETRIEVER_PORT": "8797",
-        "DEMO_PORT": "8798",
+        "RETRIEVER_PORT": str(free_port()),
+        "DEMO_PORT": str(free_port()),
     }
     script = REPO_ROOT / "examples" / "search-r1" / "run_miniature_cpu.sh"
     with open(tmp_path / "log.txt", "w") as log:
