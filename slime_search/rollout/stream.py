@@ -23,6 +23,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,17 +48,18 @@ class StreamConfig:
 class ActivityClock:
     """Wall time with no trajectory in flight (the engines had nothing to do), read off per interval."""
 
-    def __init__(self):
+    def __init__(self, now: Callable[[], float] = time.monotonic):
+        self._now = now
         self._lock = threading.Lock()
         self.in_flight = 0
         self._idle = 0.0
-        self._idle_since: float | None = time.monotonic()
-        self._read_at = time.monotonic()
+        self._idle_since: float | None = now()
+        self._read_at = self._idle_since
 
     def started(self) -> None:
         with self._lock:
             if self.in_flight == 0 and self._idle_since is not None:
-                self._idle += time.monotonic() - self._idle_since
+                self._idle += self._now() - self._idle_since
                 self._idle_since = None
             self.in_flight += 1
 
@@ -65,12 +67,12 @@ class ActivityClock:
         with self._lock:
             self.in_flight -= 1
             if self.in_flight == 0:
-                self._idle_since = time.monotonic()
+                self._idle_since = self._now()
 
     def read(self) -> tuple[float, float]:
         """(idle seconds, elapsed seconds) since the previous read."""
         with self._lock:
-            now = time.monotonic()
+            now = self._now()
             idle = self._idle + (now - self._idle_since if self._idle_since is not None else 0.0)
             elapsed = now - self._read_at
             self._idle, self._read_at = 0.0, now

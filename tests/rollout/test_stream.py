@@ -260,11 +260,22 @@ def test_staleness_by_token_and_trajectory_by_hand():
 
 
 def test_the_activity_clock_counts_time_with_nothing_in_flight():
-    clock = ActivityClock()
-    clock.read()
-    time.sleep(0.05)  # idle
+    """On a clock the test moves by hand: idle 2 s, two trajectories overlapping for 3 s, idle 1 s; then busy 4 s."""
+    now = [100.0]
+    clock = ActivityClock(now=lambda: now[0])
+    now[0] += 2.0
     clock.started()
-    time.sleep(0.05)  # busy
+    now[0] += 1.0
+    clock.started()
+    now[0] += 1.5
+    clock.finished()  # one still in flight: not idle yet
+    now[0] += 0.5
     clock.finished()
-    idle, elapsed = clock.read()
-    assert 0.04 < idle < 0.09 and elapsed >= 0.1
+    now[0] += 1.0
+    assert clock.read() == (3.0, 6.0)
+    clock.started()
+    now[0] += 4.0
+    assert clock.read() == (0.0, 4.0)  # busy through the whole interval
+    clock.finished()
+    now[0] += 0.25
+    assert clock.read() == (0.25, 0.25)
