@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 def cpu_engines(pid: int) -> list[psutil.Process]:
     children = descendants(pid)
-    engines = {child for child, command in named(children, command_line=True) if "cpu_engine_server" in command}
-    return [p for p in children if p.pid in engines]
+    engine_pids = {pid for pid, command in named(children, command_line=True) if "cpu_engine_server" in command}
+    return [p for p in children if p.pid in engine_pids]
 
 
 def test_an_engine_killed_mid_run_is_restarted_and_the_run_completes(tiny_checkpoint, tmp_path):

@@ -260,7 +260,8 @@ def test_staleness_by_token_and_trajectory_by_hand():
 
 
 def test_the_activity_clock_counts_time_with_nothing_in_flight():
-    """On a clock the test moves by hand: idle 2 s, two trajectories overlapping for 3 s, idle 1 s; then busy 4 s."""
+    """On a clock the test moves by hand: idle 2 s, two trajectories overlapping for 3 s, idle 1 s (read); busy 4 s
+    (read); idle 0.25 s (read)."""
     now = [100.0]
     clock = ActivityClock(now=lambda: now[0])
     now[0] += 2.0
