@@ -4,10 +4,10 @@
 
 GRADES.jsonl is one graded row per question (`python -m slime_search.eval ... --output X.json` writes
 X.grades.jsonl; `--grade` makes one from trajectories). Each set's full EM is the truth; for each size, `--draws`
-fixed-seed subsets of each set (as --eval-sample draws them, without replacement) get their bootstrap interval (a
-subset's, narrowed by the finite-population factor as the evaluation narrows it), and
-the share that holds the full set's EM is the coverage. The average over sets is checked the same way. Prints a
-Markdown table (docs/benchmarks/eval.md).
+fixed-seed subsets of each set (as --eval-sample draws them, without replacement) get their bootstrap interval
+about the whole set's EM (the table's "about this set's EM" row: narrowed by the finite-population factor), and the
+share that holds the full set's EM is the coverage. The average over sets is checked the same way. Prints a Markdown
+table (docs/benchmarks/eval.md).
 """
 
 from __future__ import annotations

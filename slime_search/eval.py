@@ -1,5 +1,7 @@
 """Evaluate a checkpoint (or a running engine) on Search-R1 test sets: the paper's table (EM per set and the average,
-each with its 95% bootstrap interval; F1, search rate, turns, format-valid rate), and the comparison of two runs.
+each with its 95% bootstrap interval about the population of questions, and, for a set graded in part, about the
+whole set's EM; F1, search rate, turns, format-valid rate), and the comparison of two runs, paired question by
+question (by data row, never by prompt text, which two questions may share).
 
     python -m slime_search.eval --hf-checkpoint CKPT --eval-prompt-data nq data/nq_test.parquet ... \
         --search-url http://127.0.0.1:8000/retrieve --apply-chat-template --output eval.json

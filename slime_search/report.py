@@ -28,7 +28,7 @@ STEP_AXIS = "step (weight version for eval)"
 
 
 def draw_eval_interval(ax, records: list[dict[str, Any]], config: dict[str, Any] | None) -> None:
-    """The band of held-out EM's 95% interval at each evaluated version (a subset's: of its whole set's EM)."""
+    """The band of held-out EM's 95% interval (about the population of questions) at each evaluated version."""
     points = [(r["step"], number(r, "eval/em_low"), number(r, "eval/em_high")) for r in records]
     points = [p for p in points if p[1] is not None and p[2] is not None]
     if points:

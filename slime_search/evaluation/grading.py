@@ -2,7 +2,9 @@
 by the reward plugin: a published run's outputs, another harness's, or this project's own `.samples.jsonl`.
 
 A trajectory row needs a response, its golden answers (`golden_answers`, or the label under --label-key) and its set
-(`data_source` or `dataset`); its prompt (or question) names the question, so two runs can be paired on it.
+(`data_source` or `dataset`); its `id` (else its line in the file) names the question, so two runs can be paired on
+it. An evaluated sample's question is its data row: extra_info's split and index (Search-R1's schema), else its row
+in the evaluated file. Never the prompt alone: two questions can share one (PopQA has 14 such pairs in 1,000).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slime_search.evaluation.subsets import SET_SIZE_KEY
+from slime_search.evaluation.subsets import ROW_KEY, SET_SIZE_KEY
 from slime_search.evaluation.table import graded_row
 from slime_search.types import Sample, Status
 
@@ -21,8 +23,17 @@ SOURCE_KEYS = ("data_source", "dataset")
 
 
 def question_key(prompt: Any) -> str:
-    """What identifies a question across runs: its prompt text (chat messages as JSON)."""
+    """A question's prompt text (chat messages as JSON): what it was asked, not which question it is."""
     return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+
+
+def question_id(metadata: dict) -> str | None:
+    """Which question of its set a sample answers: its data row's own index (with its split: an index may restart
+    in each), else its row in the file it was read from; None when neither is known."""
+    if metadata.get("index") is not None:
+        split = metadata.get("split")
+        return f"{split}:{metadata['index']}" if split is not None else str(metadata["index"])
+    return None if metadata.get(ROW_KEY) is None else str(metadata[ROW_KEY])
 
 
 def reward_numbers(reward: float | dict | None, reward_key: str) -> dict[str, float]:
@@ -43,13 +54,15 @@ def rows_from_samples(samples: list[Sample], reward_key: str = "score") -> list[
             reward_numbers(s.reward, reward_key),
             s.metrics,
             s.metadata.get(SET_SIZE_KEY),
+            question_id(s.metadata),
         )
         for s in samples
     ]
 
 
-def sample_from_trajectory(row: dict, label_key: str | None = None) -> Sample:
-    """A completed sample of a trajectory row, ready for the reward plugin."""
+def sample_from_trajectory(row: dict, label_key: str | None = None, line: int | None = None) -> Sample:
+    """A completed sample of a trajectory row, ready for the reward plugin; its question is named by the row's id,
+    else by its `line` in the file."""
     keys = (label_key, *LABEL_KEYS) if label_key else LABEL_KEYS
     label = next((row[k] for k in keys if k in row), None)
     source = next((row[k] for k in SOURCE_KEYS if row.get(k)), None)
@@ -66,6 +79,7 @@ def sample_from_trajectory(row: dict, label_key: str | None = None) -> Sample:
         status=Status.COMPLETED,
     )
     sample.metadata["data_source"] = str(source)
+    sample.metadata[ROW_KEY] = row.get("id", line)
     return sample
 
 
@@ -81,7 +95,7 @@ def read_samples(path: str | Path, reward, args: Any, label_key: str | None = No
     samples = []
     for number, row in enumerate(rows, 1):
         try:
-            samples.append(sample_from_trajectory(row, label_key))
+            samples.append(sample_from_trajectory(row, label_key, number))
         except ValueError as err:
             raise ValueError(f"{path}:{number}: {err}") from None
 

@@ -1,6 +1,12 @@
 """How sure an evaluation is: bootstrap intervals of a mean score, of the paper's average over sets, and of the
 difference between two runs graded on the same questions; and the sample size a target interval width needs.
 
+An interval answers one of two questions, and says which (`Interval.about`):
+- POPULATION: what would a policy score on questions like these, drawn from where the set was drawn? The questions
+  are a sample; every set, whole or subset, gets the plain bootstrap, so more questions give a narrower interval.
+- SET: what does it score on this very set? A subset of N questions estimates it, narrowed by the finite-population
+  factor; the whole set knows it exactly (a zero-width interval).
+
 Pure functions of per-question scores (EM or F1 in [0, 1], one per question). The percentile bootstrap resamples
 questions with replacement; the average over sets (Search-R1's "Avg.", each set weighing the same) resamples each set
 on its own, so its interval is that of the sum of independent set means. A paired comparison resamples the shared
@@ -10,6 +16,7 @@ questions once for both runs, so the questions' own difficulty cancels out of th
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +24,10 @@ import numpy as np
 RESAMPLES = 2000
 LEVEL = 0.95
 Z_95 = 1.959963984540054
+POPULATION = "population"  # about the population of questions the set was drawn from
+SET = "set"  # about this set's own score (for a subset: the whole set's)
+MAX_DISTINCT = 1024  # scores with at most this many distinct values: multinomial counts, else index chunks
+CHUNK_ELEMENTS = 1 << 22  # resampled indices held at once otherwise (32 MiB of int64)
 
 
 @dataclass(frozen=True)
@@ -28,13 +39,21 @@ class Interval:
     high: float
     n: int
     level: float = LEVEL
+    about: str = POPULATION
 
     @property
     def half_width(self) -> float:
         return (self.high - self.low) / 2
 
     def as_dict(self) -> dict:
-        return {"mean": self.mean, "low": self.low, "high": self.high, "n": self.n, "level": self.level}
+        return {
+            "mean": self.mean,
+            "low": self.low,
+            "high": self.high,
+            "n": self.n,
+            "level": self.level,
+            "about": self.about,
+        }
 
 
 def _percentiles(draws: np.ndarray, level: float) -> tuple[float, float]:
@@ -53,25 +72,82 @@ def finite_population_factor(n: int, population: int | None) -> float:
     return math.sqrt((population - n) / (population - 1))
 
 
-def _resampled_means(
-    values: np.ndarray, rng: np.random.Generator, resamples: int, population: int | None = None
-) -> np.ndarray:
-    """Bootstrap means, their spread around the mean narrowed for a subset of a finite set."""
-    picks = rng.integers(0, len(values), size=(resamples, len(values)))
-    means = values[picks].mean(axis=1)
-    return values.mean() + (means - values.mean()) * finite_population_factor(len(values), population)
+def _resampled_means(values: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """The means of `resamples` bootstrap resamples of `values`.
+
+    A resample's mean depends only on how often it draws each distinct score, and those counts are multinomial: for
+    scores with few distinct values (0/1 grades, paired differences in {-1, 0, 1}, token F1 of short answers) the
+    counts are drawn directly, exactly the distribution that resampling question indices gives, in memory and time
+    of resamples x distinct values instead of resamples x questions. Other scores are resampled by index in chunks
+    of bounded size."""
+    n = len(values)
+    distinct, counts = np.unique(values, return_counts=True)
+    if len(distinct) <= MAX_DISTINCT:
+        drawn = rng.multinomial(n, counts / n, size=resamples)  # resamples x distinct
+        return drawn @ distinct / n
+    rows = max(1, CHUNK_ELEMENTS // n)
+    chunks = range(0, resamples, rows)
+    return np.concatenate([values[rng.integers(0, n, size=(min(rows, resamples - c), n))].mean(axis=1) for c in chunks])
+
+
+@dataclass(frozen=True)
+class Draws:
+    """A set's scores and the means of their bootstrap resamples, drawn once: the set's interval about the population
+    of questions, about the set itself, and its share of an average over sets all read the same draws."""
+
+    values: np.ndarray
+    means: np.ndarray
+
+    @classmethod
+    def of(cls, values, seed: int = 0, resamples: int = RESAMPLES, stream: str = "") -> Draws:
+        """Resampled under `seed`; `stream` (a set's name) gives each set a random stream of its own, so that sets
+        resampled under one seed are independent of each other."""
+        values = np.asarray(values, dtype=np.float64)
+        if values.size == 0:
+            raise ValueError("no scores: an interval needs at least one question")
+        rng = np.random.default_rng([seed, zlib.crc32(stream.encode())] if stream else seed)
+        return cls(values, _resampled_means(values, rng, resamples))
+
+    @property
+    def mean(self) -> float:
+        return float(self.values.mean())
+
+    def spread(self, population: int | None = None) -> np.ndarray:
+        """The draws about the population of questions, or, given the size of the set the scores were drawn from,
+        about that set's own mean: narrower by the finite-population factor (a whole set's: exactly its mean)."""
+        if population is None:
+            return self.means
+        return self.mean + (self.means - self.mean) * finite_population_factor(self.values.size, population)
+
+    def interval(self, level: float = LEVEL, population: int | None = None) -> Interval:
+        about = POPULATION if population is None else SET
+        low, high = _percentiles(self.spread(population), level)
+        return Interval(self.mean, low, high, n=int(self.values.size), level=level, about=about)
 
 
 def bootstrap_interval(
     values, seed: int = 0, resamples: int = RESAMPLES, level: float = LEVEL, population: int | None = None
 ) -> Interval:
-    """The mean of `values` and its percentile-bootstrap interval: of the mean of the distribution the questions
-    come from, or, given the `population` of the set a subset was drawn from, of that whole set's mean."""
-    values = np.asarray(values, dtype=np.float64)
-    if values.size == 0:
-        raise ValueError("no scores: an interval needs at least one question")
-    means = _resampled_means(values, np.random.default_rng(seed), resamples, population)
-    return Interval(float(values.mean()), *_percentiles(means, level), n=int(values.size), level=level)
+    """The mean of `values` and its percentile-bootstrap interval: about the population the questions come from
+    (POPULATION), or, given the size `population` of the set they were drawn from, about that set's own mean (SET;
+    zero-width when the values are the whole set)."""
+    return Draws.of(values, seed, resamples).interval(level, population)
+
+
+def average_interval(
+    draws_by_set: dict[str, Draws], level: float = LEVEL, populations: dict[str, int] | None = None
+) -> Interval:
+    """The unweighted average of the sets' means (the paper's Avg.) and its interval from each set's own draws:
+    about the population of questions, or, given every set's size in `populations`, about the sets' own scores (each
+    set narrowed as a subset of its set; a whole set adds no spread)."""
+    if not draws_by_set:
+        raise ValueError("every set needs at least one question")
+    sizes = populations or {}
+    spread = np.mean([draws.spread(sizes.get(name)) for name, draws in draws_by_set.items()], axis=0)
+    mean = float(np.mean([draws.mean for draws in draws_by_set.values()]))
+    about = POPULATION if populations is None else SET
+    n = sum(draws.values.size for draws in draws_by_set.values())
+    return Interval(mean, *_percentiles(spread, level), n=n, level=level, about=about)
 
 
 def average_over_sets_interval(
@@ -81,17 +157,11 @@ def average_over_sets_interval(
     level: float = LEVEL,
     populations: dict[str, int] | None = None,
 ) -> Interval:
-    """The unweighted average of the sets' means (the paper's Avg.) and its interval, each set resampled on its own
-    (and narrowed as a subset of its set where `populations` gives the set's size)."""
+    """`average_interval` of the sets' scores, each set resampled on its own stream."""
     if not values_by_set or any(len(v) == 0 for v in values_by_set.values()):
         raise ValueError("every set needs at least one question")
-    rng = np.random.default_rng(seed)
-    names = sorted(values_by_set)
-    arrays = [np.asarray(values_by_set[name], dtype=np.float64) for name in names]
-    sizes = [(populations or {}).get(name) for name in names]
-    draws = np.mean([_resampled_means(v, rng, resamples, size) for v, size in zip(arrays, sizes, strict=True)], axis=0)
-    mean = float(np.mean([values.mean() for values in arrays]))
-    return Interval(mean, *_percentiles(draws, level), n=sum(v.size for v in arrays), level=level)
+    draws = {name: Draws.of(values, seed, resamples, name) for name, values in values_by_set.items()}
+    return average_interval(draws, level, populations)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from slime_search.evaluation.intervals import questions_for_width
 from slime_search.utils.flag_types import non_negative_int, positive_int
 
 SET_SIZE_KEY = "eval_set_size"  # sample metadata: the size of the set a graded subset was drawn from
+ROW_KEY = "eval_row"  # sample metadata: the question's row in its set's file (what pairs two runs without an index)
 
 
 @dataclass(frozen=True)

@@ -63,12 +63,28 @@ def build_tiny_qwen(config: TinyQwenConfig = TinyQwenConfig()):
     )
     torch.manual_seed(config.seed)
     model = model_class(hf_config).eval()
+    if qwen3:
+        model.generation_config = qwen3_generation_config(config)
     if qwen3:  # HF initialises the q/k norms to ones: random ones make a round trip or a parity test see them
         with torch.no_grad():
             for name, weight in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     weight.uniform_(0.5, 1.5)
     return model
+
+
+def qwen3_generation_config(config: TinyQwenConfig):
+    """The published Qwen3's generation_config.json ids: a turn ends at <|im_end|> or <|endoftext|>, and the pad is
+    <|endoftext|>. SGLang and the CPU engine take their stop tokens from it, so a tiny model without the second
+    would run past an <|endoftext|> that the real one stops at. Its sampling defaults (temperature 0.6, top-k 20,
+    top-p 0.95) are left out: a test's request says how it samples."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        bos_token_id=config.eos_token_id,
+        eos_token_id=[config.end_of_turn_id, config.eos_token_id],
+        pad_token_id=config.eos_token_id,
+    )
 
 
 def save_tiny_checkpoint(out_dir: str | Path, config: TinyQwenConfig = TinyQwenConfig()) -> Path:

@@ -80,3 +80,23 @@ def test_earlier_turns_lose_their_thinking_when_a_new_query_follows(tokenizer):
     ]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert "old reasoning" not in text and "<|im_start|>assistant\nA1<|im_end|>\n" in text
+
+
+def test_the_tiny_qwen3_checkpoint_names_the_published_qwen3s_special_ids(tiny_qwen3_checkpoint):
+    """What the published Qwen3 (0.6B-8B) files say, and SGLang reads its stop tokens from: generation_config.json
+    ends a turn at <|im_end|> (151645) or <|endoftext|> (151643) and pads with <|endoftext|>; config.json names
+    <|im_end|> as eos and <|endoftext|> as bos; the tokenizer has no bos, eos <|im_end|>, pad <|endoftext|>."""
+    generation = json.loads((tiny_qwen3_checkpoint / "generation_config.json").read_text())
+    assert (generation["eos_token_id"], generation["pad_token_id"], generation["bos_token_id"]) == (
+        [151645, 151643],
+        151643,
+        151643,
+    )
+    config = json.loads((tiny_qwen3_checkpoint / "config.json").read_text())
+    assert (config["eos_token_id"], config["bos_token_id"]) == (151645, 151643)
+    tokenizer = json.loads((tiny_qwen3_checkpoint / "tokenizer_config.json").read_text())
+    assert (tokenizer.get("bos_token"), tokenizer["eos_token"], tokenizer["pad_token"]) == (
+        None,
+        "<|im_end|>",
+        "<|endoftext|>",
+    )

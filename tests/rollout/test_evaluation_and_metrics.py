@@ -124,3 +124,37 @@ def test_evaluation_grades_the_subsets_rows_of_each_set(tmp_path):
     everything = evaluation_samples((("nq", str(path)),), data, "score", run, {})
     assert [s.prompt for s in everything] == [f"q{i}" for i in range(20)]
     assert not any("eval_set_size" in s.metadata for s in everything)
+
+
+def test_each_evaluated_sample_names_its_question_by_its_data_row_not_its_prompt(tmp_path):
+    """Rows 1 and 2 share a prompt: their samples carry their rows in the file, and their graded rows are two
+    questions; with Search-R1's extra_info the question is named by its split and index."""
+    import json
+
+    from slime_search.evaluation.grading import rows_from_samples
+    from slime_search.evaluation.subsets import EvalSubset
+    from slime_search.rollout.data_source import DataConfig
+    from slime_search.rollout.manager import evaluation_samples
+
+    plain, indexed = tmp_path / "plain.jsonl", tmp_path / "indexed.jsonl"
+    plain.write_text("".join(json.dumps({"prompt": p, "label": ["a"]}) + "\n" for p in ("x", "y", "y", "z")))
+    indexed.write_text(
+        "".join(
+            json.dumps({"prompt": p, "label": ["a"], "extra_info": {"split": "test", "index": 10 + i}}) + "\n"
+            for i, p in enumerate(("y", "y", "z"))
+        )
+    )
+
+    def run(source, config, params):
+        items = source.take(len(source))
+        return [[Sample(prompt=i.prompt, status=Status.COMPLETED, metadata=dict(i.metadata))] for i in items], None
+
+    data = DataConfig("", "prompt", "label")
+    samples = evaluation_samples((("plain", str(plain)),), data, "score", run, {}, EvalSubset(size=3, seed=0))
+    chosen = [s.metadata["eval_row"] for s in samples]
+    assert len(chosen) == 3 and chosen == sorted(chosen) and set(chosen) <= {0, 1, 2, 3}
+    assert [s.prompt for s in samples] == [["x", "y", "y", "z"][i] for i in chosen]  # each row where it stands
+    ids = [row["id"] for row in rows_from_samples(samples)]
+    assert ids == [str(i) for i in chosen]
+    samples = evaluation_samples((("indexed", str(indexed)),), data, "score", run, {})
+    assert [row["id"] for row in rows_from_samples(samples)] == ["test:10", "test:11", "test:12"]
