@@ -122,7 +122,8 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     group.add_argument(
         "--serper-ledger",
         default=None,
-        help="SQLite file counting the run's billed Serper calls (default: serper_spend.sqlite in --save)",
+        help="SQLite file counting the run's billed Serper calls (default: serper_spend.sqlite in --save); on a local "
+        "disk: one on NFS, Lustre, SMB or GPFS is refused, their file locks are not reliable",
     )
     group.add_argument(
         "--tool-format",

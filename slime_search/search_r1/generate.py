@@ -31,7 +31,7 @@ from slime_search.search_r1.search_clients import (
     SerperConfig,
     format_observation,
 )
-from slime_search.search_r1.serper_budget import BudgetSpent
+from slime_search.search_r1.serper_budget import BudgetSpent, check_ledger_filesystem
 from slime_search.search_r1.tool_format import (
     NATIVE_ACTIONS,
     NO_ACTION,
@@ -234,11 +234,13 @@ def check_args(args: Any) -> None:
 
 
 def preflight(args: Any) -> None:
-    """Plugin hook, before Ray starts: the search backend answers one query (local) or has its key or cache (Serper;
-    the paid API is not called). RuntimeError naming the address and what failed."""
+    """Plugin hook, before Ray starts: the search backend answers one query (local) or has its key or cache, and a
+    budget ledger where its lock holds (Serper; the paid API is not called). RuntimeError naming what failed."""
     config = flags_config(args)
     if config.search_backend == "serper":
         check_serper(config.serper_cache, config.serper_replay_only)
+        if config.serper_budget().limited:  # the budget's count must be one every process can trust
+            check_ledger_filesystem(config.serper_ledger)
         return
     timeout_s = flags_from(args, ["search_preflight_timeout"])["search_preflight_timeout"]
     if timeout_s > 0:
@@ -424,7 +426,7 @@ async def run_trajectory(
                 metrics["search_latency_s"] += time.perf_counter() - start
             metrics["searches"] += 1
             metrics["search_billed"] += int(origin == "api")
-            metrics["search_cache_hits"] += int(origin == "cache")
+            metrics["search_cache_hits"] += int(origin in ("cache", "shared"))  # shared: another's call, not billed
             metrics["search_empty"] += int(not docs)
             if native:
                 body = observation_body(docs, config.empty_search_text, config.page_access)

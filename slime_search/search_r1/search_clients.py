@@ -8,7 +8,6 @@ SearchError, which the generate plugin records as a failed sample (never as an e
 from __future__ import annotations
 
 import asyncio
-import html
 import json
 import logging
 import os
@@ -16,9 +15,9 @@ import random
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from html.parser import HTMLParser
 
 from slime_search.search_r1.search_error import SearchError
+from slime_search.search_r1.web_pages import decode_page, html_to_text, page_context, snippet_sentences
 
 logger = logging.getLogger(__name__)
 
@@ -258,71 +257,6 @@ def _resolve(future: asyncio.Future, answer: list[dict] | SearchError) -> None:
         future.set_result(answer)
 
 
-class _TextExtractor(HTMLParser):
-    """Visible text of an HTML page, one line per block, without scripts and styles."""
-
-    SKIP = {"script", "style", "noscript", "head", "template"}
-    BLOCKS = {"p", "div", "br", "li", "h1", "h2", "h3", "h4", "h5", "h6", "tr", "section", "article"}
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self._skip = 0
-
-    def handle_starttag(self, tag, attrs):
-        if tag in self.SKIP:
-            self._skip += 1
-        elif tag in self.BLOCKS:
-            self.parts.append("\n")
-
-    def handle_endtag(self, tag):
-        if tag in self.SKIP and self._skip:
-            self._skip -= 1
-
-    def handle_data(self, data):
-        if not self._skip:
-            self.parts.append(data)
-
-
-def html_to_text(page: str) -> str:
-    parser = _TextExtractor()
-    parser.feed(page)
-    lines = (" ".join(line.split()) for line in "".join(parser.parts).splitlines())
-    return "\n".join(line for line in lines if line)
-
-
-def decode_page(raw: bytes, declared: str | None) -> str:
-    """Decode with the declared charset when it works, else chardet's guess, else utf-8 with replacement."""
-    import chardet
-
-    for encoding in (declared, chardet.detect(raw[:65536]).get("encoding"), "utf-8"):
-        if not encoding:
-            continue
-        try:
-            return raw.decode(encoding)
-        except (LookupError, UnicodeDecodeError):
-            continue
-    return raw.decode("utf-8", errors="replace")
-
-
-def snippet_sentences(snippet: str) -> list[str]:
-    """Serper snippets join fragments with '...'; keep fragments long enough to locate in the page."""
-    return [part.strip() for part in snippet.split("...") if len(part.strip().split()) > 5]
-
-
-def page_context(snippet: str, page_text: str) -> str:
-    """The paragraphs of the page that contain the snippet's fragments (the snippet itself if none match)."""
-    paragraphs = page_text.split("\n")
-    flat = [" ".join(p.split()) for p in paragraphs]
-    found: list[str] = []
-    for fragment in snippet_sentences(snippet):
-        fragment = " ".join(fragment.split())
-        for paragraph in flat:
-            if fragment in paragraph and paragraph not in found:
-                found.append(paragraph)
-    return "\n".join(found) if found else html.unescape(snippet)
-
-
 @dataclass(frozen=True)
 class SerperConfig:
     api_key_env: str = "SERPER_API_KEY"
@@ -338,15 +272,48 @@ class SerperConfig:
     cache_size: int = 10_000  # answers kept in memory
     cache_path: str | None = None  # the SQLite cache shared by runs and processes (--serper-cache)
     replay_only: bool = False  # answers from that cache only; the API is never called (--serper-replay-only)
+    share_in_flight: bool = True  # identical queries in flight are sent once (off only to measure what that saves)
 
     def __post_init__(self) -> None:
         if self.replay_only and not self.cache_path:
             raise ValueError("--serper-replay-only needs --serper-cache: the answers are replayed from it")
 
 
+# Answers after which an attempt certainly was not billed: Serper could not tell whose account to bill (key refused).
+# Every other attempt that may have reached Serper stays counted: a timeout, a dropped connection, a 5xx, a 429 or a
+# garbled 200 may each have been billed, and Serper documents no refund for them; an overcount only stops a run early.
+NOT_BILLED_STATUSES = (401, 403)
+
+
+class _Flight:
+    """One Serper search in flight and the trajectories waiting on it. A waiter that is cancelled leaves without
+    touching the search, which goes on for the others; only when no one waits any more is it cancelled (what it has
+    sent stays counted). Its answer or its failure reaches every waiter."""
+
+    def __init__(self, task: asyncio.Task):
+        self.task = task
+        self.waiters = 0
+        self.abandoned = False  # cancelled for want of waiters: a new search of the query starts a flight of its own
+
+    async def wait(self) -> list[dict]:
+        self.waiters += 1
+        try:
+            return await asyncio.shield(self.task)
+        except asyncio.CancelledError:
+            if self.task.cancelled() and not asyncio.current_task().cancelling():  # the client closed, not us
+                raise SearchError("search abandoned: the Serper client closed") from None
+            raise
+        finally:
+            self.waiters -= 1
+            if not self.waiters and not self.task.done():
+                self.abandoned = True
+                self.task.cancel()
+
+
 class SerperClient:
     """Serper web search; the API key is read from the environment and never logged or put in errors. Answers are
-    kept in memory and, with `cache_path`, in a SQLite cache that later runs (and replay-only evaluation) read."""
+    kept in memory and, with `cache_path`, in a SQLite cache that later runs (and replay-only evaluation) read.
+    Identical queries in flight at once (GRPO's samples of one prompt may open with the same query) are sent once."""
 
     def __init__(self, config: SerperConfig, seed: int = 0, budget=None):
         """`budget`: a serper_budget.SerperBudget capping the run's billed calls (None: no cap)."""
@@ -359,6 +326,7 @@ class SerperClient:
         self._headers = {"X-API-KEY": key, "Content-Type": "application/json"}
         self._semaphore = asyncio.Semaphore(config.concurrency)
         self._cache: OrderedDict[str, list[dict]] = OrderedDict()
+        self._in_flight: dict[str, _Flight] = {}
         self._store = SerperCache(config.cache_path) if config.cache_path else None
         self._settings = CacheSettings(config.endpoint, config.topk, config.snippet_only)
         self._rng = random.Random(seed)
@@ -378,7 +346,8 @@ class SerperClient:
         return self._session
 
     async def _reserve_call(self, query: str) -> None:
-        """One billed call from the run's budget; at the cap, BudgetSpent (stop) or a SearchError (replay)."""
+        """One billed call from the run's budget; at the cap, BudgetSpent (stop) or a SearchError (replay). A
+        cancellation while the ledger is written may leave the call counted unsent: the count errs towards the cap."""
         if self._ledger is None:
             return
         if await asyncio.to_thread(self._ledger.reserve, self.budget.call_cap):
@@ -390,12 +359,19 @@ class SerperClient:
             raise SearchError(f"not in the Serper cache {self.config.cache_path} and {spent}: {query[:80]!r}")
         raise BudgetSpent(f"{spent}; the run stops here (--serper-at-budget replay goes on from --serper-cache)")
 
+    async def _give_back_call(self) -> None:
+        """An attempt that certainly was not billed returns its reservation (the write ends even if we are
+        cancelled: the thread runs on)."""
+        if self._ledger is not None:
+            await asyncio.to_thread(self._ledger.release)
+
     async def search(self, query: str) -> list[dict]:
         return (await self.search_with_origin(query))[0]
 
     async def search_with_origin(self, query: str) -> tuple[list[dict], str]:
-        """The documents and where they came from: "cache" (memory or the SQLite cache: not billed) or "api" (one
-        billed Serper call)."""
+        """The documents and where they came from: "cache" (memory or the SQLite cache: not billed), "api" (sent to
+        Serper: billed, once per attempt) or "shared" (the answer of an identical query another trajectory had in
+        flight: not billed again)."""
         from slime_search.search_r1.serper_cache import normalise_query
 
         query = " ".join(query.split())
@@ -410,19 +386,32 @@ class SerperClient:
                 return stored, "cache"
         if self.config.replay_only:
             raise SearchError(f"not in the Serper cache {self.config.cache_path} (replay-only): {query[:80]!r}")
-        await self._reserve_call(query)
-        try:
-            async with self._semaphore:
-                items = (await self._query_with_retries(query))[: self.config.topk]
-                docs = await self._documents(items)
-        except BaseException:
-            if self._ledger is not None:  # no answer, so not billed: the call goes back to the budget
-                await asyncio.to_thread(self._ledger.release)
-            raise
+        if not self.config.share_in_flight:
+            return await self._api_search(query, key), "api"
+        flight, origin = self._in_flight.get(key), "shared"
+        if flight is None or flight.abandoned:
+            flight, origin = _Flight(asyncio.get_running_loop().create_task(self._api_search(query, key))), "api"
+            self._in_flight[key] = flight
+            flight.task.add_done_callback(lambda task: self._landed(key, flight))
+        return await flight.wait(), origin
+
+    def _landed(self, key: str, flight: _Flight) -> None:
+        if self._in_flight.get(key) is flight:
+            del self._in_flight[key]
+        if not flight.task.cancelled():
+            flight.task.exception()  # seen: every waiter got it, or none was left to
+
+    async def _api_search(self, query: str, key: str) -> list[dict]:
+        """Serper's answer as documents, cached. Each attempt is counted before it is sent and stays counted unless it
+        certainly was not billed, so a billed answer counts whatever happens after it (a failed page fetch, a
+        cancelled trajectory)."""
+        async with self._semaphore:
+            items = (await self._query_with_retries(query))[: self.config.topk]
+            docs = await self._documents(items)
         if self._store is not None:
             await asyncio.to_thread(self._store_answer, query, docs)
         self._remember(key, docs)
-        return docs, "api"
+        return docs
 
     def _remember(self, key: str, docs: list[dict]) -> None:
         self._cache[key] = docs
@@ -452,6 +441,7 @@ class SerperClient:
         last = ""
         for attempt in range(self.config.retries + 1):
             delay = 0.0
+            await self._reserve_call(query)  # per attempt: a retried attempt may have been billed too
             try:
                 session = await self._get_session()
                 # No redirects: aiohttp would carry the API key to whatever origin the redirect names.
@@ -461,12 +451,17 @@ class SerperClient:
                     if response.status == 200:
                         return serper_answer(await response.text(errors="replace"))
                     last = f"HTTP {response.status}"
+                    if response.status in NOT_BILLED_STATUSES:
+                        await self._give_back_call()
                     if response.status == 429:
                         delay = _retry_after_seconds(response.headers.get("Retry-After"))
                     elif 300 <= response.status < 400:
                         raise SearchError(f"Serper answered a redirect ({last}); not followed, the key stays here")
                     elif 400 <= response.status < 500:
                         raise SearchError(f"Serper rejected the query ({last})")
+            except aiohttp.ClientConnectorError as err:  # no connection (refused, DNS, TLS): nothing was sent
+                last = type(err).__name__
+                await self._give_back_call()
             except (TimeoutError, aiohttp.ClientError) as err:
                 last = type(err).__name__
             except _Malformed as err:  # a garbled answer may be a passing fault: retried like a 5xx
@@ -506,6 +501,12 @@ class SerperClient:
             return ""
 
     async def close(self) -> None:
+        """Cancels the searches still in flight (their waiters get a SearchError; what they sent stays counted), then
+        closes the connection pool."""
+        flights = [flight.task for flight in self._in_flight.values()]
+        for task in flights:
+            task.cancel()
+        await asyncio.gather(*flights, return_exceptions=True)
         if self._session is not None and not self._session.closed:
             await self._session.close()
 

@@ -2,16 +2,23 @@
 
 Serper bills every query it answers. The count lives in a small SQLite file (by default in the run folder), so the
 rollout, an evaluation beside it and a resumed run all draw on one budget. A call is reserved before it is sent
-(an atomic conditional increment: two processes can never both take the last call) and given back if it fails
-without an answer. At the cap, `--serper-at-budget stop` stops the run with a message naming the cap, and
-`replay` goes on answering from the Serper cache only (a query not in it fails its sample).
+(an atomic conditional increment: two processes can never both take the last call), one reservation per attempt,
+and given back only when that attempt certainly was not billed (see NOT_BILLED_STATUSES in search_clients). That
+atomicity rests on SQLite's file locks, which network and cluster filesystems (NFS, Lustre, SMB, GPFS, ...) do not
+reliably provide: a ledger there is refused, naming the filesystem (`--serper-ledger` puts it on a local disk). At
+the cap, `--serper-at-budget stop` stops the run with a message naming the cap, and `replay` goes on answering from
+the Serper cache only (a query not in it fails its sample).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import re
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +26,13 @@ from slime_search.search_r1.search_error import SearchError
 
 AT_BUDGET = ("stop", "replay")
 LEDGER_NAME = "serper_spend.sqlite"
+MOUNTS_TABLE = "/proc/mounts"
+# Filesystems whose POSIX locks SQLite cannot trust across processes or hosts (SQLite's own FAQ warns of network
+# filesystems); `fuse.*` are the /proc/mounts names of FUSE-mounted ones.
+UNRELIABLE_LOCKS = frozenset(
+    {"nfs", "nfs4", "lustre", "cifs", "smb3", "smbfs", "gpfs", "beegfs", "ceph", "9p", "afs", "panfs", "wekafs"}
+    | {"fuse.glusterfs", "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.ceph", "fuse.juicefs", "fuse.rclone"}
+)
 
 
 class BudgetSpent(SearchError):
@@ -65,32 +79,83 @@ class SerperBudget:
         return ", ".join(parts)
 
 
+def mount_of(path: str, mounts: str) -> tuple[str, str] | None:
+    """(mount point, filesystem type) of the mount holding the absolute `path`, from a /proc/mounts table: the longest
+    mount point at or above it (at equal length the later line, which mounts over the earlier)."""
+    found = None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040 is a space
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and (found is None or len(point) >= len(found[0])):
+            found = (point, fields[2])
+    return found
+
+
+def unreliable_lock_mount(path: str, mounts: str) -> tuple[str, str] | None:
+    """The (mount point, type) holding `path` when SQLite's locks are not reliable there, else None."""
+    found = mount_of(path, mounts)
+    return found if found is not None and found[1] in UNRELIABLE_LOCKS else None
+
+
+def check_ledger_filesystem(path: str | Path, mounts_table: str | Path | None = None) -> None:
+    """RuntimeError naming the filesystem when the ledger at `path` would sit where its lock cannot be trusted (two
+    processes could then both take the last call, or corrupt the count). Nothing is checked without a mounts table
+    (`mounts_table`, else MOUNTS_TABLE: Linux's)."""
+    try:
+        mounts = Path(mounts_table or MOUNTS_TABLE).read_text()
+    except OSError:
+        return
+    where = os.path.realpath(Path(path).absolute())  # symlinks resolved: the filesystem the file lands on
+    found = unreliable_lock_mount(where, mounts)
+    if found is not None:
+        point, kind = found
+        raise RuntimeError(
+            f"the Serper budget ledger {where} would be on a {kind} filesystem (mounted at {point}), whose file locks "
+            "SQLite cannot rely on, so the run's billed calls could be miscounted and the cap exceeded; put the "
+            f"ledger on a local disk with --serper-ledger /local/path/{LEDGER_NAME} (every process drawing on the "
+            "budget must run on that machine; keep the same path on resume to keep the count)"
+        )
+
+
 class SpendLedger:
-    """The run's billed-call count in SQLite: reserve before a call, release when it brought no answer."""
+    """The run's billed-call count in SQLite: reserve before each attempt, release one that certainly was not billed.
+    Refuses a path on a filesystem where SQLite's locks are not reliable."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        check_ledger_filesystem(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        with self._connect() as db:
+        with self._connection() as db:
             db.execute("CREATE TABLE IF NOT EXISTS spend (id INTEGER PRIMARY KEY CHECK (id = 0), calls INTEGER)")
             db.execute("INSERT OR IGNORE INTO spend (id, calls) VALUES (0, 0)")
 
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+    @contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """A connection of its own per call (any thread or process may count), closed after: `with sqlite3.connect()`
+        alone would only end a transaction and leave the file open. Autocommit: each UPDATE is its own transaction."""
+        with self._lock:
+            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            try:
+                yield db
+            finally:
+                db.close()
 
     def reserve(self, cap: int | None) -> bool:
         """One more billed call, unless `cap` calls are spent already (atomic across processes)."""
-        with self._lock, self._connect() as db:
+        with self._connection() as db:
             if cap is None:
                 db.execute("UPDATE spend SET calls = calls + 1 WHERE id = 0")
                 return True
             return db.execute("UPDATE spend SET calls = calls + 1 WHERE id = 0 AND calls < ?", (cap,)).rowcount == 1
 
     def release(self) -> None:
-        with self._lock, self._connect() as db:
+        with self._connection() as db:
             db.execute("UPDATE spend SET calls = calls - 1 WHERE id = 0 AND calls > 0")
 
     def spent(self) -> int:
-        with self._lock, self._connect() as db:
+        with self._connection() as db:
             return int(db.execute("SELECT calls FROM spend WHERE id = 0").fetchone()[0])

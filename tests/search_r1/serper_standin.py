@@ -4,8 +4,9 @@
 
 POST /search answers Serper-shaped JSON for known queries; the query "busy" gets a 429 with Retry-After on its
 first call, "redirect" a 307 to /capture under another origin (localhost), "garbled" a 200 that is not JSON,
-"nothing" no results, "down" a 500, "odd" results with missing and non-text fields. GET /page/{name} serves HTML pages in various encodings; /page/slow never
-answers in time. /capture records the headers it received (GET /captured lists them).
+"nothing" no results, "down" a 500, "odd" results with missing and non-text fields; "wait S REST" answers as for REST
+after S seconds (and every query comes --latency-ms late). GET /page/{name} serves HTML pages in various encodings;
+/page/slow never answers in time. /capture records the headers it received (GET /captured lists them).
 
 POST /retrieve is a retriever that misbehaves on cue, for the local search client: a request holding the query
 "garbled" gets a 200 that is not JSON, "no-result" a JSON object without `result`, "null-result" `result: null`,
@@ -39,7 +40,7 @@ PAGES = {
 }
 
 
-def build_app(api_key: str):
+def build_app(api_key: str, latency_s: float = 0.0):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
 
@@ -106,6 +107,10 @@ def build_app(api_key: str):
         body = await request.json()
         query = body["q"]
         calls[query] = calls.get(query, 0) + 1
+        await asyncio.sleep(latency_s)
+        if query.startswith("wait "):  # "wait S REST": answers as for REST, S seconds later
+            _, seconds, query = query.split(" ", 2)
+            await asyncio.sleep(float(seconds))
         if query == "busy" and calls[query] == 1:
             return JSONResponse({"message": "rate limited"}, status_code=429, headers={"Retry-After": "1"})
         if query == "redirect":
@@ -154,12 +159,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--api-key", required=True)
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="every /search answer this much later")
     args = parser.parse_args()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", args.port))
     print(f"serving on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
     # a stop must not wait for the never-answering /page/slow request to finish
-    config = uvicorn.Config(build_app(args.api_key), log_level="warning", timeout_graceful_shutdown=1)
+    config = uvicorn.Config(
+        build_app(args.api_key, args.latency_ms / 1000), log_level="warning", timeout_graceful_shutdown=1
+    )
     server = uvicorn.Server(config)
     asyncio.run(server.serve(sockets=[sock]))
 

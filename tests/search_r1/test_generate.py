@@ -413,3 +413,34 @@ def test_web_searches_are_counted_billed_then_cached(servers, tiny_checkpoint, t
     assert (first.metrics["search_billed"], first.metrics["search_cache_hits"]) == (1, 0)
     assert (second.metrics["search_billed"], second.metrics["search_cache_hits"]) == (0, 1)
     assert first.response == second.response and "Eiffel Tower" in first.response
+
+
+def test_a_groups_identical_web_search_is_sent_once_and_counted_as_a_hit_for_the_others(
+    servers, tiny_checkpoint, monkeypatch
+):
+    from tests.conftest import REPO_ROOT
+
+    monkeypatch.setenv("SERPER_API_KEY", "k")
+    standin = [str(REPO_ROOT / "tests" / "search_r1" / "serper_standin.py"), "--port", "0", "--api-key", "k"]
+    with ServerProcess([*standin, "--latency-ms", "500"]) as serper:  # slow enough for the group to meet in flight
+        args = make_args(servers, tiny_checkpoint, search_backend="serper", serper_url=f"{serper.url}/search")
+
+        async def group():  # GRPO's five samples of one prompt, in one rollout
+            samples = [
+                Sample(prompt=make_prompt("Where does the silver walrus live"), label={"target": ["valley 54"]})
+                for _ in range(5)
+            ]
+            try:
+                return await asyncio.gather(
+                    *(generate(args, s, {"temperature": 1.0, "max_new_tokens": 200}) for s in samples)
+                )
+            finally:
+                await close_resources()
+
+        samples = asyncio.run(group())
+        calls = httpx.get(f"{serper.url}/health").json()["calls"]
+    assert calls == {"silver walrus": 1}
+    assert all(s.status is Status.COMPLETED and s.metrics["searches"] == 1 for s in samples)
+    assert sum(s.metrics["search_billed"] for s in samples) == 1
+    assert sum(s.metrics["search_cache_hits"] for s in samples) == 4
+    assert len({s.response for s in samples}) == 1  # one answer, shared
