@@ -45,16 +45,24 @@ class TimedGroupConfig:
 
 
 class TimedTrainGroup:
-    """The actor, for this benchmark only: `train` takes the modelled step time; checkpoints are not measured."""
+    """The actor, for this benchmark only: `optimize` takes the modelled step time (`prepare`, the old log-probs, is
+    part of it: the old policy's log-probs are the engine's here); checkpoints are not measured."""
 
     def __init__(self, timing: ActorTiming):
         self.timing = timing
         self.config = TimedGroupConfig()
 
-    def train(self, samples, steps: int) -> dict[str, float]:
+    def prepare(self, samples) -> None:
+        for sample in samples:
+            sample.old_log_probs = sample.rollout_log_probs
+
+    def optimize(self, samples, steps: int, skip_above: float | None = None) -> dict[str, float]:
         seconds = self.timing.step_s(len(samples))
         time.sleep(seconds * self.timing.time_scale)
-        return {"train/loss": 0.0, "train/emulated_step_s": seconds}
+        return {"train/loss": 0.0, "train/emulated_step_s": seconds, "train/steps": 1.0, "train/steps_applied": 1.0}
+
+    def set_lr_scale(self, scale: float) -> None:
+        """No learning rate to scale."""
 
     def save(self, *args) -> None:
         """Checkpoints are not part of the measurement."""
@@ -107,11 +115,15 @@ def engine_state(urls: list[str]) -> list[dict]:
 def run_mode(mode: str, args, engine_urls: list[str], retriever_url: str, prompts: Path, work: Path) -> dict:
 
     from slime_search.arguments import parse_args
+    from slime_search.evaluators import InStepEval
+    from slime_search.health.guard import HealthGuard
+    from slime_search.health.recovery import Recovery
     from slime_search.metrics import MetricsSink
     from slime_search.ray.colocation import Colocation
     from slime_search.ray.placement import create_rollout_manager, stop_rollout_manager
     from slime_search.run_config import run_config
     from slime_search.run_folder import RunFolder
+    from slime_search.run_handles import RunHandles
     from slime_search.train import run_steps
 
     run_dir = work / f"run-{mode}"
@@ -132,11 +144,12 @@ def run_mode(mode: str, args, engine_urls: list[str], retriever_url: str, prompt
     run = RunFolder(run_dir)
     sink = MetricsSink(run.path, False, "bench", None, config={})
     manager = create_rollout_manager(config.rollout, parsed, group, colocate=False)
-    transport = EmulatedPush(engine_urls)
+    h = RunHandles(config, run, sink, group, HealthGuard(config.health), manager, EmulatedPush(engine_urls))
+    h.colocation, h.evaluator = Colocation(False, group, manager), InStepEval(h)
     try:
-        transport.push("0")
+        h.transport.push("0")
         before, started = engine_state(engine_urls), time.monotonic()
-        run_steps(config, 0, run, sink, group, manager, transport, Colocation(False, group, manager))
+        run_steps(h, Recovery(h), 0)
         wall, after = time.monotonic() - started, engine_state(engine_urls)
     finally:
         stop_rollout_manager(manager)

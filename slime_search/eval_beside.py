@@ -6,11 +6,18 @@ folder and evaluates it while training goes on. The step pays for the write only
 version it evaluated, whenever it arrives, and the health guard reviews it then: a held-out drop found late still
 rolls the run back to a checkpoint from before it.
 
-One evaluation runs at a time. A version that falls due while another is evaluated waits with its folder written; if
-a newer one falls due before it starts, the older is skipped (logged, and counted in the record of the newer): the evaluator
-stays at most one version behind instead of falling further behind every interval. The final version is always
-evaluated, and the run waits for it. A rollback drops what evaluated or waits to evaluate an undone version. A run
-killed while an evaluation is pending loses that one result; the resumed run evaluates the versions due after it.
+One evaluation runs at a time. A version that falls due while another is evaluated waits with its folder written; if a
+newer one falls due before it starts, the older is skipped (logged, and counted in the record of the newer): the
+evaluator stays at most one version behind instead of falling further behind every interval. The final version is
+evaluated too, and the run waits for it (within the deadline below). A rollback drops what evaluated or waits to evaluate an
+undone version. A run killed while an evaluation is pending loses that one result; the resumed run evaluates the
+versions due after it.
+
+The evaluator never ends or hangs the run. An evaluation that fails (an engine out of memory, the actor dead) or has
+no result within its deadline is dropped with a warning and counted, and the evaluator is replaced by a fresh one (the
+old one is killed: a stuck one never answers). After several failures in a row without a result in between,
+evaluation beside training stops for the rest of the run, which goes on without it. The final wait is bounded by the
+deadline too. `metrics()` goes into every step's record, so a stuck evaluator shows before its deadline.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +33,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 FOLDER = "eval_weights"
+MAX_FAILURES = 3  # failed evaluations or restarts in a row after which evaluation beside training stops
+KILL_WAIT_S = 60.0  # how long a replaced evaluator may take to die (its GPUs are free for the next one only then)
+RESTART_RETRY_S = 10.0  # the pause before trying again to start an evaluator
 
 
 @dataclass
@@ -33,6 +44,7 @@ class Pending:
     folder: Path
     due_at: float  # time.time() when the version fell due
     ref: Any = None  # the evaluator's answer, once started
+    started: float = 0.0  # time.monotonic() when it started: its deadline counts from here
     undone: bool = False  # a rollback undid this version: its result is not recorded
 
 
@@ -45,24 +57,59 @@ class EvalResult:
 
 
 class EvalBeside:
-    def __init__(self, evaluator, group, run_path: str | Path, weight_sync, examples: int):
-        self.evaluator = evaluator  # RolloutManager actor with the eval engine
+    def __init__(
+        self,
+        evaluator,
+        group,
+        run_path: str | Path,
+        weight_sync,
+        examples: int,
+        *,
+        timeout_s: float = 3600.0,
+        restart: Callable[[], Any] | None = None,
+        max_failures: int = MAX_FAILURES,
+    ):
+        """`timeout_s`: the deadline of one evaluation, from its start (loading the weights included). `restart`: makes
+        a fresh evaluator actor when one failed (None: the same actor evaluates the next version). `max_failures`
+        failures in a row (evaluations or restarts) stop evaluation beside training; the evaluator is killed then."""
+        # RolloutManager actor with the eval engine; the driver stops this one at the end (None: killed, none left)
+        self.evaluator = evaluator
         self.group = group
         self.folder = Path(run_path) / FOLDER
         shutil.rmtree(self.folder, ignore_errors=True)  # what a killed run left; its results are lost
         self.weight_sync = weight_sync
         self.examples = examples
+        self.timeout_s = timeout_s
+        self.restart = restart
+        self.max_failures = max_failures
         self.running: Pending | None = None
         self.waiting: Pending | None = None
         self.skipped: list[int] = []
         self.submitted = 0
+        self.failures = 0  # evaluations dropped for a failure or the deadline, over the run
+        self.restarts = 0
+        self.failing = 0  # failures and failed restarts since the last result
+        self.stopped = False  # too many failures in a row: no more evaluation beside training in this run
 
     def busy(self) -> bool:
         return self.running is not None or self.waiting is not None
 
+    def metrics(self) -> dict[str, float]:
+        """The evaluator's state, for every step's record: an evaluation that runs for long is visible before its
+        deadline."""
+        running_age = time.monotonic() - self.running.started if self.running is not None else 0.0
+        return {
+            "eval/running_age_s": running_age,
+            "eval/failures": float(self.failures),
+            "eval/restarts": float(self.restarts),
+            "eval/stopped": float(self.stopped),
+        }
+
     def submit(self, version: int) -> float:
         """The actor's weights of `version` to disk, and their evaluation started (or queued behind the running one);
-        returns the seconds the actor spent writing."""
+        returns the seconds the actor spent writing (nothing is written once evaluation beside training stopped)."""
+        if self.stopped:
+            return 0.0
         started = time.perf_counter()
         self.submitted += 1  # a folder per submission: after a rollback the same version may be written again
         folder = self.folder / f"step_{version}.{self.submitted}"  # while the engine still reads the undone one
@@ -80,32 +127,41 @@ class EvalBeside:
         return time.perf_counter() - started
 
     def collect(self, wait: bool = False) -> list[EvalResult]:
-        """The results that have arrived (with `wait`, every pending one), in version order; each finished evaluation
-        starts the waiting one."""
+        """The results that have arrived (with `wait`, every pending one, each waited for until its deadline), in
+        version order; each finished, failed or timed-out evaluation starts the waiting one."""
         import ray
 
         results = []
         while self.running is not None:
-            ready, _ = ray.wait([self.running.ref], timeout=None if wait else 0)
+            running = self.running
+            left = running.started + self.timeout_s - time.monotonic()
+            ready, _ = ray.wait([running.ref], timeout=max(0.0, left) if wait else 0)
             if not ready:
-                break
-            done, self.running = self.running, None
-            answer = ray.get(done.ref)  # an evaluator that failed fails the run, as an evaluation inside the step would
-            shutil.rmtree(done.folder, ignore_errors=True)
-            if self.waiting is not None:
-                self._start(self.waiting)
-                self.waiting = None
-            if done.undone:
-                logger.info("evaluation of version %d dropped: a rollback undid that version", done.version)
+                if time.monotonic() - running.started >= self.timeout_s:
+                    self._failed(running, f"no result after {self.timeout_s:g} s")
+                elif not wait:
+                    break  # still within its deadline; the next step looks again
+                continue  # with `wait`, ray.wait may return a moment before the deadline
+            try:
+                answer = ray.get(running.ref)
+            except Exception as err:  # noqa: BLE001 - the evaluator's fault costs this result, never the run
+                self._failed(running, f"{type(err).__name__}: {err}")
+                continue
+            self.running = None
+            self.failing = 0
+            shutil.rmtree(running.folder, ignore_errors=True)
+            self._start_waiting()
+            if running.undone:
+                logger.info("evaluation of version %d dropped: a rollback undid that version", running.version)
                 continue
             record = {
                 "time/eval_s": answer["eval_s"],
                 "time/eval_load_s": answer["load_s"],
-                "eval/wait_s": time.time() - done.due_at,  # from falling due to its result
-                "eval/skipped_versions": float(sum(v < done.version for v in self.skipped)),  # since the last
+                "eval/wait_s": time.time() - running.due_at,  # from falling due to its result
+                "eval/skipped_versions": float(sum(v < running.version for v in self.skipped)),  # since the last
             }
-            self.skipped = [v for v in self.skipped if v > done.version]
-            results.append(EvalResult(done.version, answer["metrics"], answer["shown"], record))
+            self.skipped = [v for v in self.skipped if v > running.version]
+            results.append(EvalResult(running.version, answer["metrics"], answer["shown"], record))
         return results
 
     def rolled_back(self, to_step: int) -> None:
@@ -121,9 +177,70 @@ class EvalBeside:
 
     def _start(self, pending: Pending) -> None:
         pending.ref = self.evaluator.evaluate_weights.remote(str(pending.folder), pending.version, self.examples)
+        pending.started = time.monotonic()
         self.running = pending
+
+    def _start_waiting(self) -> None:
+        if self.waiting is not None:
+            waiting, self.waiting = self.waiting, None
+            self._start(waiting)
 
     def _skip(self, pending: Pending, why: str) -> None:
         logger.warning("evaluation of version %d skipped: %s", pending.version, why)
         shutil.rmtree(pending.folder, ignore_errors=True)
         self.skipped.append(pending.version)
+
+    def _failed(self, pending: Pending, cause: str) -> None:
+        """The running evaluation failed or passed its deadline: dropped and counted; a fresh evaluator (unless too
+        many failed in a row) takes the waiting version."""
+        self.running = None
+        self.failures += 1
+        self.failing += 1
+        logger.warning("evaluation of version %d dropped: %s", pending.version, cause)
+        self._replace_evaluator()  # first: a stuck evaluator may still read the folder
+        shutil.rmtree(pending.folder, ignore_errors=True)
+        if self.stopped:
+            if self.waiting is not None:
+                shutil.rmtree(self.waiting.folder, ignore_errors=True)
+                self.waiting = None
+            return
+        self._start_waiting()
+
+    def _replace_evaluator(self) -> None:
+        while self.failing < self.max_failures:
+            if self.restart is None:
+                return
+            self._kill()
+            try:
+                self.evaluator = self.restart()
+            except Exception as err:  # noqa: BLE001 - counted like a failed evaluation; enough of them stop it
+                self.failing += 1
+                logger.warning("evaluator restart failed: %s: %s", type(err).__name__, err)
+                if self.failing < self.max_failures:
+                    time.sleep(RESTART_RETRY_S)  # Ray's view of free GPUs lags the dead actor's release
+                continue
+            self.restarts += 1
+            logger.warning("evaluator restarted (%d restart(s) in this run)", self.restarts)
+            return
+        self._kill()  # a stuck one would hold its engine's GPUs for the rest of the run
+        self.stopped = True
+        logger.warning(
+            "evaluation beside training stops after %d failures in a row; the run goes on without it", self.failing
+        )
+
+    def _kill(self) -> None:
+        """Kill the evaluator (a stuck one never answers a shutdown; the engines it started get SIGTERM when it dies)
+        and wait until Ray has it dead, so that the resources it held are free for a fresh one."""
+        import ray
+
+        if self.evaluator is None:
+            return
+        evaluator, self.evaluator = self.evaluator, None
+        ray.kill(evaluator)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while time.monotonic() < deadline:  # the kill takes effect a moment later: an answer means not yet
+            try:
+                ray.get(evaluator.__ray_ready__.remote(), timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - RayActorError: dead; GetTimeoutError: given up on; no other ends the run
+                return
+            time.sleep(0.1)

@@ -51,22 +51,36 @@ class MetricsSink:
             self._wandb = wandb.init(
                 project=project, group=group, dir=str(self.run_dir), mode=mode, config=_plain_config(config or {})
             )
-            # evaluations plot against the version they evaluated, which is not the step they are logged at when
-            # they run beside training (--eval-engine)
-            self._wandb.define_metric("weight_version")
-            self._wandb.define_metric("eval/*", step_metric="weight_version")
-        self._wandb_step = 0  # wandb's steps only go forward: a late record joins the newest step
+        # wandb's own step only goes forward (a log below the newest is dropped), and the train step does not: a
+        # rollback redoes steps, an evaluation beside training arrives late. So every record is a wandb step of its
+        # own, and the plots use x-axes of ours: the train step, or for evaluations the version they evaluated.
+        self._wandb_step = 0
+        self._axes: set[str] = set()  # the keys whose x-axis wandb was told
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
         append_records(self.path, [record])
         if self._wandb is not None:
-            self._wandb_step = max(self._wandb_step, step)
-            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=self._wandb_step)
+            values = {k: v for k, v in record.items() if isinstance(v, (int, float))}
+            self._define_axes(values)
+            self._wandb.log(values, step=self._wandb_step)
+            self._wandb_step += 1
         shown = " ".join(
             f"{k.split('/')[-1]}={record[k]:.4g}" for k in CONSOLE_KEYS if isinstance(record.get(k), (int, float))
         )
         logger.info("step %d %s", step, shown)
+
+    def _define_axes(self, keys) -> None:
+        """Each key's x-axis, told to wandb the first time the key is logged: eval/* against weight_version, the rest
+        against the train step. By exact name: wandb picks among matching glob patterns in no fixed order."""
+        for key in keys:
+            if key in self._axes:
+                continue
+            self._axes.add(key)
+            if key in ("step", "weight_version"):
+                self._wandb.define_metric(key)
+            else:
+                self._wandb.define_metric(key, step_metric="weight_version" if key.startswith("eval/") else "step")
 
     def read(self) -> list[dict[str, Any]]:
         return read_records(self.path)
@@ -94,6 +108,13 @@ class PhaseClock:
 
     def times(self) -> dict[str, float]:
         return {**{f"time/{k}_s": v for k, v in self.phases.items()}, "time/step_s": self.last - self.start}
+
+
+def trainer_idle(clock: PhaseClock) -> dict[str, float]:
+    """The share of the step the actor neither trained nor pushed weights: it waited for its batch (or engines)."""
+    times = clock.times()
+    busy = times.get("time/train_s", 0.0) + times.get("time/sync_s", 0.0)
+    return {"async/trainer_idle_fraction": 1.0 - busy / times["time/step_s"] if times["time/step_s"] > 0 else 0.0}
 
 
 def _plain_config(config: dict) -> dict:

@@ -2,7 +2,12 @@
 shown in the report (rollouts.jsonl), the health guard's events (health.jsonl) and, per checkpoint, the rollout state
 (the data position) next to the actor's torch_dist files (checkpoints/iter_N/, written with them). A resumed run drops
 what was recorded after its last complete checkpoint, except the rollbacks and stops of the guard: they changed the
-run's course (a rollback's remedy holds for the rest of the run) and stay in its history."""
+run's course (a rollback's remedy holds while it is recent) and stay in its history.
+
+Nothing the guard does deletes a checkpoint: the checkpoints a rollback or a stop undoes (and their HF copies) are
+moved to checkpoints/undone/NNN-WHY/ (and hf/undone/NNN-WHY/). Only --keep-checkpoints removes checkpoints: the newest
+N of the current timeline (besides those the guard may still go back to) and the newest N of those set aside.
+RUN/final.json names the checkpoint whose weights the run ended on."""
 
 from __future__ import annotations
 
@@ -18,10 +23,13 @@ from slime_search.backends.megatron.checkpoint import (
     rewind_to,
     saved_iterations,
 )
+from slime_search.health.recovery import STOPPED
 from slime_search.utils.records import append_records, keep_records_before, read_records, write_records
 
 LASTING_ACTIONS = ("rollback", "stop", "resume")  # guard events that survive a resume
 HEALTH_CONFIG = "health_config.json"
+UNDONE = "undone"
+FINAL = "final.json"
 
 ROLLOUT_STATE = "rollout_state.json"
 logger = logging.getLogger(__name__)
@@ -33,6 +41,7 @@ class RunFolder:
         self.path.mkdir(parents=True, exist_ok=True)
         self.examples = self.path / "rollouts.jsonl"
         self.health = self.path / "health.jsonl"
+        self.grades = self.path / "eval_grades.jsonl"  # per-question grades of each evaluation, for paired tests
 
     @property
     def checkpoints(self) -> Path:
@@ -43,7 +52,8 @@ class RunFolder:
         return self.path / "hf" / f"step_{steps_done}"
 
     def prune_hf_folders(self) -> list[int]:
-        """Remove the HF copies whose checkpoint is gone (pruned, or dropped by a rollback); the steps removed."""
+        """Remove the HF copies whose checkpoint is gone (pruned by --keep-checkpoints, or a save cut short); the steps
+        removed. Copies set aside with their checkpoints follow them (`set_aside`, `_prune_undone`)."""
         import shutil
 
         kept = set(self.checkpoint_steps())
@@ -59,7 +69,14 @@ class RunFolder:
         append_records(self.examples, [{"step": step, "kind": kind, **example} for example in examples])
 
     def drop_examples_from(self, step: int) -> int:
-        return keep_records_before(self.examples, step)
+        return keep_records_before(self.examples, step) + keep_records_before(self.grades, step)
+
+    def record_grades(self, version: int, grades: list[float]) -> None:
+        append_records(self.grades, [{"step": version, "grades": grades}])
+
+    def eval_grades(self) -> dict[int, list[float]]:
+        """Version -> the per-question grades of its evaluation (the guard's paired held-out tests replay them)."""
+        return {record["step"]: record["grades"] for record in read_records(self.grades)}
 
     def record_health_config(self, config: Any) -> None:
         """The guard's bounds (a HealthConfig), for the report to draw beside the signals they bound."""
@@ -81,9 +98,10 @@ class RunFolder:
             event = {"step": steps_done, "action": "resume", "rule": "resume", "message": message, "values": {}}
             self.record_events([{**event, "attempt": attempt}])
 
-    def rollback_count(self) -> int:
-        """Rollbacks done (a rollback decision is followed by the event of its completion, which names its target)."""
-        return sum(e["action"] == "rollback" and "to_step" in e.get("values", {}) for e in self.events())
+    def rollback_steps(self) -> list[int]:
+        """The step of every rollback done (a rollback decision is followed by the event of its completion, which
+        names its target), in order."""
+        return [e["step"] for e in self.events() if e["action"] == "rollback" and "to_step" in e.get("values", {})]
 
     def drop_events_from(self, step: int, attempt: int) -> int:
         """Forget the guard's warnings and skips of steps >= `step` made since the `attempt`-th rollback (a resumed
@@ -96,18 +114,72 @@ class RunFolder:
             write_records(self.health, kept)
         return len(events) - len(kept)
 
-    def prune_checkpoints(self, keep: int, protect: tuple[int, ...] = ()) -> None:
-        removed = prune_iterations(self.checkpoints, keep, protect)
-        if removed:
-            logger.info("removed checkpoints of steps %s (--keep-checkpoints %d)", removed, keep)
+    def prune_checkpoints(self, keep: int, protect: set[int] | tuple[int, ...] = ()) -> list[int]:
+        """--keep-checkpoints: all but the newest `keep` checkpoints go, except `protect` (what the guard may still go
+        back to), and all but the newest `keep` of those set aside; HF copies follow. Returns the steps removed."""
+        removed = prune_iterations(self.checkpoints, keep, tuple(protect))
+        removed_aside = self._prune_undone(keep)
+        if removed or removed_aside:
+            logger.info(
+                "removed the checkpoints of steps %s and %d set aside (--keep-checkpoints %d)",
+                removed,
+                removed_aside,
+                keep,
+            )
+        self.prune_hf_folders()
+        return removed
+
+    def _prune_undone(self, keep: int) -> int:
+        import shutil
+
+        if keep <= 0:
+            return 0
+        sets = sorted(p for p in (self.checkpoints / UNDONE).glob("*") if p.is_dir())
+        aside = [it for folder in sets for it in sorted(folder.glob("iter_*"))]  # oldest first
+        for folder in aside[: max(0, len(aside) - keep)]:
+            shutil.rmtree(folder)
+            hf = self.path / "hf" / UNDONE / folder.parent.name / f"step_{int(folder.name.removeprefix('iter_'))}"
+            shutil.rmtree(hf, ignore_errors=True)
+        for folder in sets:
+            if not any(folder.iterdir()):
+                folder.rmdir()
+        return max(0, len(aside) - keep)
 
     def checkpoint_steps(self) -> list[int]:
         """The steps done at every complete checkpoint still in the folder."""
         return saved_iterations(self.checkpoints)
 
-    def rewind_checkpoints(self, steps_done: int) -> list[int]:
-        """The checkpoint of `steps_done` becomes the one a resume starts from; newer ones are removed."""
-        return rewind_to(self.checkpoints, steps_done)
+    def set_aside(self, steps_done: int, why: str) -> tuple[list[int], Path | None]:
+        """The checkpoint of `steps_done` becomes the one a resume starts from; the newer ones (and their HF copies)
+        move to checkpoints/undone/NNN-WHY/. Returns the steps moved and where they went."""
+        undone = self.checkpoints / UNDONE
+        name = f"{len(list(undone.glob('*'))) + 1:03d}-{why}" if undone.is_dir() else f"001-{why}"
+        moved = rewind_to(self.checkpoints, steps_done, undone / name)
+        for step in moved:
+            hf = self.hf_folder(step)
+            if hf.is_dir():
+                (self.path / "hf" / UNDONE / name).mkdir(parents=True, exist_ok=True)
+                hf.rename(self.path / "hf" / UNDONE / name / hf.name)
+        return moved, (undone / name if moved else None)
+
+    def undone_checkpoints(self) -> list[Path]:
+        """The checkpoints set aside by rollbacks and stops, oldest first."""
+        return sorted((self.checkpoints / UNDONE).glob("*/iter_*"))
+
+    def record_final(self, steps_done: int, reason: str, hf: bool) -> dict[str, Any]:
+        """RUN/final.json: the checkpoint whose weights the run ended on, and why (also when it is not the last)."""
+        final = {
+            "step": steps_done,
+            "checkpoint": str(iteration_dir(self.checkpoints, steps_done).relative_to(self.path)),
+            "hf": str(self.hf_folder(steps_done).relative_to(self.path)) if hf else None,
+            "reason": reason,
+        }
+        (self.path / FINAL).write_text(json.dumps(final, indent=1) + "\n")
+        return final
+
+    def record_stop(self, argv: list[str], event: dict[str, Any], advice: str) -> None:
+        """What a stop needs to be told apart from a crash when the same command runs again (RUN/stopped.json)."""
+        (self.path / STOPPED).write_text(json.dumps({"argv": argv, "event": event, "advice": advice}, indent=1))
 
     def latest_checkpoint(self) -> int | None:
         """The steps done at the last complete checkpoint (its tracker file is written last), or None."""

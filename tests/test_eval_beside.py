@@ -22,11 +22,11 @@ def ray_session():
 
 class HeldEvaluator:
     """Evaluates a version only once `release(version)` was called; its EM is the one the test set for it. It reads
-    the folder it is given: the weights of that version must have been written."""
+    the folder it is given: the weights of that version must have been written. A version without an EM fails."""
 
-    def __init__(self, em_by_version: dict[int, float]):
+    def __init__(self, em_by_version: dict[int, float], released: tuple[int, ...] = ()):
         self.em_by_version = em_by_version
-        self.released: set[int] = set()
+        self.released: set[int] = set(released)
         self.started: list[int] = []
 
     def release(self, version: int) -> None:
@@ -63,10 +63,45 @@ class Sync:
     bucket_bytes = 1 << 20
 
 
-def beside_with(ray, tmp_path, em_by_version):
-    evaluator = ray.remote(HeldEvaluator).options(max_concurrency=4).remote(em_by_version)
+class BrokenEvaluator:
+    """An eval engine that runs out of memory on every evaluation."""
+
+    def evaluate_weights(self, folder: str, version: int, examples: int) -> dict:
+        raise MemoryError(f"CUDA out of memory while evaluating version {version}")
+
+
+def held(ray, em_by_version, released=()):
+    return ray.remote(HeldEvaluator).options(max_concurrency=4).remote(em_by_version, released)
+
+
+def beside_with(ray, tmp_path, em_by_version, **options):
+    evaluator = held(ray, em_by_version)
     group = WritingGroup()
-    return EvalBeside(evaluator, group, tmp_path, Sync(), examples=0), evaluator, group
+    return EvalBeside(evaluator, group, tmp_path, Sync(), examples=0, **options), evaluator, group
+
+
+class Restarts:
+    """The restart factory: hands out the given evaluators in turn (an exception instead of one is raised), and
+    remembers them."""
+
+    def __init__(self, *evaluators):
+        self.left = list(evaluators)
+        self.made: list = []
+
+    def __call__(self):
+        evaluator = self.left.pop(0)
+        if isinstance(evaluator, Exception):
+            raise evaluator
+        self.made.append(evaluator)
+        return evaluator
+
+
+def dead(ray, actor) -> bool:
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=30)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
 
 
 def submit(beside, group, version):
@@ -122,22 +157,127 @@ def test_a_rollback_drops_the_evaluations_of_versions_it_undid(ray_session, tmp_
     assert [r.version for r in beside.collect(wait=True)] == [4] and not beside.busy()
 
 
+def test_a_failed_evaluation_is_dropped_and_a_fresh_evaluator_takes_the_next(
+    ray_session, tmp_path, caplog, monkeypatch
+):
+    """The eval engine runs out of memory on version 0: the training loop sees no exception, a warning names the
+    version and the cause, the failure is counted, the broken evaluator is killed, and version 2 (waiting behind it)
+    is evaluated by a fresh one, started at the second try (the first found no GPU free yet)."""
+    ray = ray_session
+    monkeypatch.setattr("slime_search.eval_beside.RESTART_RETRY_S", 0.01)
+    broken = ray.remote(BrokenEvaluator).remote()
+    fresh = held(ray, {2: 0.4}, released=(2,))
+    restarts = Restarts(RuntimeError("--eval-engine needs 1 GPU(s)"), fresh)
+    group = WritingGroup()
+    beside = EvalBeside(broken, group, tmp_path, Sync(), 0, timeout_s=60, restart=restarts)
+    submit(beside, group, 0)
+    submit(beside, group, 2)  # waits behind the running version 0
+    with caplog.at_level("WARNING", logger="slime_search.eval_beside"):
+        results = beside.collect(wait=True)
+    assert [r.version for r in results] == [2] and results[0].metrics["eval/em"] == 0.4
+    dropped = [r.getMessage() for r in caplog.records if "version 0 dropped" in r.getMessage()]
+    assert len(dropped) == 1 and "CUDA out of memory" in dropped[0]
+    assert any("restart failed" in r.getMessage() and "needs 1 GPU" in r.getMessage() for r in caplog.records)
+    assert ray.get(fresh.started_versions.remote()) == [2] and restarts.made == [fresh]
+    assert beside.evaluator is fresh and dead(ray, broken)
+    assert beside.metrics() == {
+        "eval/running_age_s": 0.0,
+        "eval/failures": 1.0,
+        "eval/restarts": 1.0,
+        "eval/stopped": 0.0,
+    }
+    assert not beside.busy() and not list((tmp_path / "eval_weights").iterdir())
+
+
+def test_without_a_restart_factory_the_same_evaluator_goes_on(ray_session, tmp_path):
+    ray = ray_session
+    beside, evaluator, group = beside_with(ray, tmp_path, {2: 0.4}, timeout_s=60)  # no EM for 0: it fails
+    ray.get([evaluator.release.remote(0), evaluator.release.remote(2)])
+    submit(beside, group, 0)
+    assert beside.collect(wait=True) == [] and beside.metrics()["eval/failures"] == 1
+    submit(beside, group, 2)
+    assert [r.version for r in beside.collect(wait=True)] == [2]
+    assert ray.get(evaluator.started_versions.remote()) == [0, 2] and beside.metrics()["eval/restarts"] == 0
+
+
+DEADLINE_S = 3.0  # short, and long enough for the steps before the first look on a loaded machine
+
+
+def test_a_hung_evaluation_is_dropped_at_its_deadline_and_the_final_wait_is_bounded(ray_session, tmp_path):
+    """Version 0 never finishes: the step records show its age growing; at the deadline it is dropped, the
+    hung evaluator is killed and a fresh one evaluates the waiting version; the final wait ends with the deadline."""
+    ray = ray_session
+    fresh, spare = held(ray, {2: 0.4}, released=(2,)), held(ray, {})
+    restarts = Restarts(fresh, spare)
+    beside, hung, group = beside_with(ray, tmp_path, {0: 0.1}, timeout_s=DEADLINE_S, restart=restarts)
+    ray.get([actor.__ray_ready__.remote() for actor in (fresh, spare, hung)])  # the deadline is not for their start
+    submit(beside, group, 0)
+    wait_started(ray, hung, 0)
+    first = beside.metrics()["eval/running_age_s"]
+    time.sleep(0.2)
+    assert beside.metrics()["eval/running_age_s"] >= first + 0.2 > 0.2
+    assert beside.collect() == [] and beside.busy()  # within its deadline: the step does not wait
+    submit(beside, group, 2)
+    started = time.monotonic()
+    results = beside.collect(wait=True)
+    assert time.monotonic() - started < DEADLINE_S + 10  # the deadline, a kill and a fresh evaluator's one evaluation
+    assert [r.version for r in results] == [2] and restarts.made == [fresh] and dead(ray, hung)
+    assert ray.get(fresh.started_versions.remote()) == [2]
+    metrics = beside.metrics()
+    assert (metrics["eval/failures"], metrics["eval/restarts"], metrics["eval/running_age_s"]) == (1, 1, 0)
+
+    submit(beside, group, 4)  # the fresh evaluator hangs on version 4 (never released): the run's last version
+    started = time.monotonic()
+    assert beside.collect(wait=True) == []
+    assert DEADLINE_S - 0.1 < time.monotonic() - started < DEADLINE_S + 10 and not beside.busy()
+    assert beside.metrics()["eval/failures"] == 2 and restarts.made == [fresh, spare] and dead(ray, fresh)
+
+
+def test_evaluation_beside_training_stops_after_failures_in_a_row(ray_session, tmp_path, caplog):
+    """Version 0 fails, the fresh evaluator fails version 2, and the restart after it fails: three failures in a row
+    stop evaluation beside training; the run goes on without it (nothing written, nothing waited for)."""
+    ray = ray_session
+    first, second = ray.remote(BrokenEvaluator).remote(), ray.remote(BrokenEvaluator).remote()
+    restarts = Restarts(second, RuntimeError("--eval-engine needs 1 GPU(s)"))
+    group = WritingGroup()
+    beside = EvalBeside(first, group, tmp_path, Sync(), 0, timeout_s=60, restart=restarts)
+    submit(beside, group, 0)
+    assert beside.collect(wait=True) == [] and beside.metrics()["eval/stopped"] == 0
+    submit(beside, group, 2)
+    with caplog.at_level("WARNING", logger="slime_search.eval_beside"):
+        assert beside.collect(wait=True) == []
+    assert any("needs 1 GPU" in r.getMessage() for r in caplog.records)
+    assert any("evaluation beside training stops" in r.getMessage() for r in caplog.records)
+    assert beside.metrics() == {
+        "eval/running_age_s": 0.0,
+        "eval/failures": 2.0,
+        "eval/restarts": 1.0,
+        "eval/stopped": 1.0,
+    }
+    assert dead(ray, first) and dead(ray, second) and beside.evaluator is None
+    assert submit(beside, group, 4) == 0.0 and not beside.busy()
+    assert beside.collect(wait=True) == [] and not list((tmp_path / "eval_weights").iterdir())
+
+
 def test_a_late_held_out_drop_rolls_back_to_before_it(tmp_path):
-    """The guard reviews a result when it arrives: a drop at version 6, found while the run is at step 9, calls for a
-    rollback to before version 6; the record is kept under version 6."""
+    """The guard reviews a result when it arrives: drops at versions 6 and 8, found while the run is at steps 9 and 11,
+    call for a rollback to before version 6 (the first only warns); the records are kept under their versions."""
     from slime_search.eval_beside import EvalResult
     from slime_search.health.config import HealthConfig
     from slime_search.health.guard import HealthGuard
+    from slime_search.health.recovery import Recovery
     from slime_search.metrics import MetricsSink
     from slime_search.run_folder import RunFolder
-    from slime_search.train import record_eval_beside
+    from slime_search.run_handles import RunHandles
 
     sink, run, guard = MetricsSink(tmp_path), RunFolder(tmp_path), HealthGuard(HealthConfig(eval_drop=0.2))
-    for version, em, step in ((2, 0.6, 3), (4, 0.62, 5), (6, 0.3, 9)):
+    recovery = Recovery(RunHandles(None, run, sink, None, guard))
+    for version, em, step in ((2, 0.6, 3), (4, 0.62, 5), (6, 0.3, 9), (8, 0.32, 11)):
         result = EvalResult(version, {"eval/score": em, "eval/em": em}, [], {"time/eval_s": 1.0})
-        rollback = record_eval_beside(result, sink, run, guard, step)
-        assert (rollback is None) == (version < 6)
-    assert rollback.rule == "eval_drop" and rollback.step == 6 and rollback.values["since"] == 4.0
+        rollback = recovery.record_eval(result, step)
+        assert (rollback is None) == (version < 8)
+    assert rollback.rule == "eval_drop" and rollback.step == 8 and rollback.values["roll_back_before"] == 4.0
     records = sink.read()
-    assert [(r["step"], r["eval/lag_steps"]) for r in records] == [(2, 1), (4, 1), (6, 3)]
-    assert [json.loads(line)["rule"] for line in run.health.read_text().splitlines()] == ["eval_drop"]
+    assert [(r["step"], r["eval/lag_steps"]) for r in records] == [(2, 1), (4, 1), (6, 3), (8, 3)]
+    events = [json.loads(line) for line in run.health.read_text().splitlines()]
+    assert [(e["action"], e["rule"]) for e in events] == [("warn", "eval_drop"), ("rollback", "eval_drop")]

@@ -7,9 +7,10 @@ import pytest
 
 from slime_search.health.config import HealthConfig
 from slime_search.health.guard import HealthGuard
+from slime_search.health.recovery import Recovery
 from slime_search.metrics import MetricsSink
 from slime_search.run_folder import RunFolder
-from slime_search.train import resume
+from slime_search.run_handles import RunHandles
 from slime_search.utils.records import RecordsError, append_records, keep_records_before, read_records
 
 
@@ -41,8 +42,9 @@ def test_a_run_killed_before_its_first_checkpoint_is_recorded_once_per_step_when
     with open(sink.path, "a") as handle:
         handle.write('{"step": 2, "train/lo')
     run.record_events([{"step": 1, "action": "warn", "rule": "logprob_gap", "message": "", "attempt": 0}])
-    config = SimpleNamespace(model=SimpleNamespace(load=None))  # nothing to push: the engines serve the HF weights
-    assert resume(config, run, None, None, None, sink, None, HealthGuard(HealthConfig())) == 0
+    # nothing to push: the engines serve the HF weights
+    config = SimpleNamespace(model=SimpleNamespace(load=None), health=HealthConfig())
+    assert Recovery(RunHandles(config, run, sink, None, HealthGuard(HealthConfig()))).resume() == 0
     assert sink.read() == [] and read_records(run.examples) == [] and run.events() == []
     for step in range(3):
         sink.log(step, {"train/loss": 0.5})
@@ -64,24 +66,51 @@ def test_a_resume_forgets_the_warnings_it_will_redo_and_keeps_the_rollbacks(tmp_
     run.record_events(events)
     assert run.drop_events_from(4, attempt=1) == 1
     assert run.events() == [e for e in events if e["attempt"] == 0 or e["action"] == "stop"]
-    assert run.rollback_count() == 1
+    assert run.rollback_steps() == [6]
 
 
-def test_a_rollback_rewinds_the_tracker_and_removes_the_checkpoints_it_undid(tmp_path):
+def test_a_rollback_rewinds_the_tracker_and_sets_the_checkpoints_it_undid_aside(tmp_path):
     from slime_search.backends.megatron.checkpoint import latest_iteration, prune_iterations, rewind_to
 
     make_checkpoints(tmp_path / "a", [2, 4, 6, 8], tracked=8)
-    assert rewind_to(tmp_path / "a", 4) == [6, 8]
+    assert rewind_to(tmp_path / "a", 4, tmp_path / "a" / "undone" / "001-x") == [6, 8]
     assert latest_iteration(tmp_path / "a") == 4 and sorted(p.name for p in (tmp_path / "a").glob("iter_*")) == [
         "iter_0000002",
         "iter_0000004",
         "iter_0000009.partial",
     ]
+    assert sorted(p.name for p in (tmp_path / "a" / "undone" / "001-x").iterdir()) == ["iter_0000006", "iter_0000008"]
     with pytest.raises(FileNotFoundError, match="iteration 5"):
-        rewind_to(tmp_path / "a", 5)
+        rewind_to(tmp_path / "a", 5, tmp_path / "elsewhere")
     # the guard's rollback target is never pruned
     make_checkpoints(tmp_path / "b", [1, 2, 3, 4, 5], tracked=5)
     assert prune_iterations(tmp_path / "b", keep=2, protect=(2,)) == [1, 3]
+
+
+def test_nothing_a_rollback_or_a_stop_undoes_is_deleted_and_only_keep_checkpoints_prunes_it(tmp_path):
+    """Checkpoints and HF copies set aside by two rollbacks are all kept; --keep-checkpoints 2 keeps the newest two of
+    those set aside (and their HF copies) besides the newest two of the run; final.json names the weights."""
+    run = RunFolder(tmp_path)
+    for step in (2, 4, 6, 8):
+        (run.checkpoints / f"iter_{step:07d}").mkdir(parents=True)
+        run.hf_folder(step).mkdir(parents=True)
+    (run.checkpoints / "latest_checkpointed_iteration.txt").write_text("8")
+    moved, aside = run.set_aside(4, "rollback-at-step-9")
+    assert moved == [6, 8] and aside.name == "001-rollback-at-step-9" and run.checkpoint_steps() == [2, 4]
+    assert sorted(p.name for p in (run.path / "hf" / "undone" / aside.name).iterdir()) == ["step_6", "step_8"]
+    moved, aside = run.set_aside(2, "stop-at-step-5")
+    assert moved == [4] and aside.name == "002-stop-at-step-5"
+    assert [p.name for p in run.undone_checkpoints()] == ["iter_0000006", "iter_0000008", "iter_0000004"]
+    assert run.prune_checkpoints(keep=2) == []  # one checkpoint in the timeline: nothing of it goes
+    assert [p.parent.name + "/" + p.name for p in run.undone_checkpoints()] == [
+        "001-rollback-at-step-9/iter_0000008",
+        "002-stop-at-step-5/iter_0000004",
+    ]
+    assert not (run.path / "hf" / "undone" / "001-rollback-at-step-9" / "step_6").exists()
+    assert (run.path / "hf" / "undone" / "001-rollback-at-step-9" / "step_8").is_dir()
+    final = run.record_final(2, "stopped by the health guard", hf=True)
+    assert json.loads((run.path / "final.json").read_text()) == final
+    assert final["checkpoint"] == "checkpoints/iter_0000002" and final["hf"] == "hf/step_2"
 
 
 def make_checkpoints(root, iterations, tracked):
@@ -103,28 +132,3 @@ def test_only_the_newest_checkpoints_are_kept_and_never_the_tracked_one(tmp_path
     assert prune_iterations(tmp_path / "b", keep=1) == [2]
     make_checkpoints(tmp_path / "c", [1, 2, 3], tracked=3)
     assert prune_iterations(tmp_path / "c", keep=0) == []
-
-
-class RecordedWandbRun:
-    """What MetricsSink hands to wandb: wandb refuses (drops with a warning) a log whose step is below the newest."""
-
-    def __init__(self):
-        self.logged: list[tuple[int, dict]] = []
-
-    def log(self, values: dict, step: int) -> None:
-        assert not self.logged or step >= self.logged[-1][0], "wandb would drop this record"
-        self.logged.append((step, values))
-
-
-def test_a_late_evaluation_reaches_wandb_at_the_newest_step_with_its_version(tmp_path):
-    """--eval-engine records version 2's evaluation after step 4: the jsonl keeps it under step 2, wandb (whose steps
-    only go forward) gets it at step 4 with weight_version 2, the x-axis its eval/* keys are plotted against."""
-    from slime_search.metrics import MetricsSink
-
-    sink = MetricsSink(tmp_path)
-    sink._wandb = RecordedWandbRun()  # the sink built without wandb: only its log calls are checked here
-    for step in range(5):
-        sink.log(step, {"train/loss": 0.1, "weight_version": step + 1})
-    sink.log(2, {"eval/em": 0.5, "weight_version": 2})
-    assert [r["step"] for r in sink.read()] == [0, 1, 2, 3, 4, 2]
-    assert sink._wandb.logged[-1][0] == 4 and sink._wandb.logged[-1][1]["weight_version"] == 2

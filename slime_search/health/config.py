@@ -16,7 +16,10 @@ from slime_search.utils.flag_types import (
     non_positive_float,
     positive_float,
     positive_int,
+    probability,
 )
+
+MIN_WINDOW = 3  # the medians of the spike and length bounds need 3 values (guard.MIN_NORMS)
 
 
 @dataclass(frozen=True)
@@ -42,11 +45,26 @@ class HealthConfig:
     # ---- rollbacks: reward drops, or a warning that persists -------------------------------------------------------
     max_update_kl: float = 1.0  # KL(old || new) per token of one step: beyond it the update broke the policy
     reward_drop: float = 0.3  # the training reward's window mean below its best by more than this
-    eval_drop: float = 0.2  # a held-out metric below its best by more than this
+    eval_drop: float = 0.2  # a held-out metric below its best by more than this (and beyond chance)
+    eval_patience: int = 2  # evaluations in a row so far down before a rollback (the first keeps its target)
     end_drop: float = 0.1  # the final held-out metric this far below the best kept checkpoint's: end on that (0: off)
     confirm_steps: int = 3  # a checkpoint is a rollback target once this many steps after it were clean
-    max_rollbacks: int = 2  # then the run stops with the rule, the step and the values
-    lr_factor: float = 0.5  # a rollback's remedy: the learning rate times this, per rollback
+    max_rollbacks: int = 2  # within rollback_window steps; one more stops the run with the rule, the step and values
+    rollback_window: int = 100  # steps a rollback counts against the budget and lowers the lr (0: the whole run)
+    lr_factor: float = 0.5  # a rollback's remedy: the learning rate times this, per recent rollback
+    # ---- where the rules apply (set from the run's phase, not flags) ----------------------------------------------
+    engine_serves_policy: bool = True  # False with a demonstrator engine (SFT): no trainer-engine gap to watch
+    rewards_grouped: bool = True  # False without reward groups (SFT): no reward signal or drop to watch
+
+    def __post_init__(self) -> None:
+        if self.window < MIN_WINDOW:
+            raise ValueError(f"--health-window must be >= {MIN_WINDOW} (the spike and length medians need that many)")
+        if not 0 < self.lr_factor <= 1:
+            raise ValueError(f"--health-lr-factor must be in (0, 1]: a rollback lowers the lr, got {self.lr_factor}")
+        if self.entropy_low >= self.entropy_high:
+            raise ValueError(
+                f"--health-entropy-low ({self.entropy_low}) must be below --health-entropy-high ({self.entropy_high})"
+            )
 
 
 def add_health_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +112,12 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         help="after each update, the log-probs of up to this many of each rank's tokens are computed again: how far "
         "the update moved the policy (train/kl_old_new, train/logp_shift_pos|neg); 0: not measured",
     )
-    g.add_argument("--health-window", type=positive_int, default=10, help="steps of history for baselines and medians")
+    g.add_argument(
+        "--health-window",
+        type=positive_int,
+        default=10,
+        help=f"steps of history for baselines and medians (>= {MIN_WINDOW})",
+    )
     g.add_argument(
         "--health-entropy-low",
         type=positive_float,
@@ -168,7 +191,15 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-eval-drop",
         type=positive_float,
         default=0.2,
-        help="roll back when a held-out metric (the reward's key, per eval) falls this far below its best",
+        help="a held-out metric (the reward's key) this far below its best, and beyond chance paired per question, "
+        "warns; --health-eval-patience evaluations in a row so far down roll the run back",
+    )
+    g.add_argument(
+        "--health-eval-patience",
+        type=positive_int,
+        default=2,
+        help="held-out evaluations in a row that must fall by --health-eval-drop before a rollback: the first keeps "
+        "the checkpoint of the last version within the margin and waits for the next (1: roll back at once)",
     )
     g.add_argument(
         "--health-end-drop",
@@ -176,8 +207,8 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.1,
         help="at the end of the run, when the final held-out evaluation is more than this below the best one of a "
         "kept checkpoint (and that best lies above the final evaluation's interval), the run ends on that "
-        "checkpoint's weights: the engines serve them and the disk transport leaves them in RUN/weights; the guard "
-        "keeps it from --keep-checkpoints (0: off)",
+        "checkpoint's weights: the engines serve them, RUN/final.json names them; the guard keeps it from "
+        "--keep-checkpoints (0: off)",
     )
     g.add_argument(
         "--health-confirm-steps",
@@ -190,14 +221,22 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-rollbacks",
         type=non_negative_int,
         default=2,
-        help="rollbacks before the run stops with the rule, the step and the values (0: stop at the first)",
+        help="rollbacks within --health-rollback-window steps; one more stops the run with the rule, the step and "
+        "the values (0: stop at the first)",
+    )
+    g.add_argument(
+        "--health-rollback-window",
+        type=non_negative_int,
+        default=100,
+        help="steps a rollback counts against --max-rollbacks and lowers the learning rate; after that many healthy "
+        "steps the budget and the learning rate are restored (0: for the whole run)",
     )
     g.add_argument(
         "--health-lr-factor",
-        type=positive_float,
+        type=probability,
         default=0.5,
-        help="a rollback's remedy: the learning rate is multiplied by this (and in --async-mode fully the staleness "
-        "bound lowered, then one-step)",
+        help="a rollback's remedy: the learning rate is multiplied by this per rollback within "
+        "--health-rollback-window steps (and in --async-mode fully the staleness bound lowered, then one-step)",
     )
 
 
@@ -221,8 +260,12 @@ def health_config(args: argparse.Namespace) -> HealthConfig:
         patience=args.health_patience,
         reward_drop=args.health_reward_drop,
         eval_drop=args.health_eval_drop,
+        eval_patience=args.health_eval_patience,
         end_drop=args.health_end_drop,
         confirm_steps=args.health_confirm_steps,
         max_rollbacks=args.max_rollbacks,
+        rollback_window=args.health_rollback_window,
         lr_factor=args.health_lr_factor,
+        engine_serves_policy=args.loss_type != "sft",
+        rewards_grouped=args.loss_type != "sft",
     )

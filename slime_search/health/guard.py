@@ -10,16 +10,22 @@ say is acted on, by severity.
               --health-grad-spike x the median of the recent applied ones (decided inside the optimizer step)
     warn      a signal is beyond its bound: entropy collapse or explosion, the trainer-engine log-prob gap, the share
               of importance weights beyond the cap, response length blow-up, truncations
+    repush    a trainer-engine mismatch (the log-prob gap, or importance weights beyond the cap) held --health-patience
+              steps: the engines may serve other weights than the trainer's, so the weights are pushed again before
+              the policy is blamed; a mismatch that holds half as long again after that rolls back
     rollback  a warning held --health-patience steps in a row, or the training reward (window mean) or a held-out
               metric fell from its best by more than its margin: the run goes back to the newest checkpoint that
-              stayed clean for --health-confirm-steps steps and continues with a remedy
+              stayed clean for --health-confirm-steps steps (health.policy) and continues with a remedy
     end_on_best  at the end of the run, the final held-out evaluation is more than --health-end-drop below the best
               one of a kept checkpoint and that best lies above the final evaluation's interval: a late decline,
               too small or too late for a rollback; the run ends on that checkpoint's weights
 
-The guard's state is a function of the run's records (metrics.jsonl) and its rollback count, so a resumed run
-replays the records it kept and continues exactly where it was (`replay`). Without --health-guard only the stops
-and skips of the first two kinds and non-finite updates remain.
+Each rule applies where its signal means something: with a demonstrator engine (SFT) the trainer-engine gap and the
+importance weights compare two different models, and without reward groups there is no reward signal to miss.
+
+The guard's state is a function of the run's records (metrics.jsonl) and its rollbacks, so a resumed run replays the
+records it kept and continues exactly where it was (`replay`). Without --health-guard only the stops and skips of the
+first two kinds and non-finite updates remain.
 """
 
 from __future__ import annotations
@@ -31,10 +37,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_search.health.config import HealthConfig
+from slime_search.health.heldout import paired_drop_is_real
+from slime_search.health.policy import RollbackPolicy, Timeline
 
-ACTIONS = ("warn", "refuse", "skip", "rollback", "stop", "end_on_best")
+ACTIONS = ("warn", "refuse", "skip", "repush", "rollback", "stop", "end_on_best")
 MIN_NORMS = 3  # applied steps before a gradient-norm spike can be judged
 LENGTH_RULES = ("length_blowup", "truncation")  # escalate only with the reward down too
+ENGINE_RULES = ("logprob_gap", "is_weight_tail")  # compare the trainer with the engine that sampled
+BEFORE = (
+    "roll_back_before"  # a rollback event's value: the trouble began after this step; the target is at or before it
+)
+LEVEL_SHIFT_REFUSALS = 2  # refused updates in a row at one gradient-norm level: a new level, not a spike
 
 
 @dataclass(frozen=True)
@@ -63,21 +76,40 @@ class RunStopped(RuntimeError):
 
 
 def _num(metrics: dict[str, Any], key: str) -> float | None:
+    """A finite number, or None: a NaN signal compares False with every bound and would silently pass each rule."""
     value = metrics.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 class HealthGuard:
     def __init__(self, config: HealthConfig, reward_key: str = "score"):
         self.config = config
         self.eval_key = f"eval/{reward_key}"
-        self.rollbacks = 0
-        self._history: list[dict[str, Any]] = []  # step records of the current timeline, in order
+        self.rollback_steps: list[int] = []  # the step of every rollback done, over the run's life
+        self.timeline = Timeline()
+        self.policy = RollbackPolicy(config.confirm_steps, self.timeline)
         self._streaks: dict[str, int] = {}  # warning rule -> consecutive steps it held
         self._skipped_in_a_row = 0
-        self._troubled: set[int] = set()  # steps with a warning, a refused update or a skip
-        self._evals: list[tuple[int, float]] = []  # (version, held-out metric) of the current timeline
-        self._eval_highs: dict[int, float] = {}  # version -> the upper bound of its held-out metric's interval
+        self._refused: list[tuple[int, float]] = []  # (step, gradient norm) of the current run of refused updates
+        self._level: tuple[int, set[int]] | None = None  # a gradient-norm level the baseline follows: (from, refused)
+        self._repushed_at: int | None = None  # the engine-mismatch streak's length when the weights were pushed again
+        self._drops_in_a_row = 0  # held-out evaluations in a row below the best by more than the margin
+
+    @property
+    def rollbacks(self) -> int:
+        return len(self.rollback_steps)
+
+    def recent_rollbacks(self, step: int) -> int:
+        """Rollbacks within --health-rollback-window steps before `step` (all of them with a window of 0). The budget
+        of --max-rollbacks and the learning-rate remedy count these: a false alarm early in a week-long run does not
+        use the run's budget up or halve its learning rate for good."""
+        window = self.config.rollback_window
+        return sum(1 for at in self.rollback_steps if not window or at > step - window)
+
+    def rollback_left(self, step: int) -> bool:
+        return self.recent_rollbacks(step) < self.config.max_rollbacks
 
     # ---- before training: what the rollout returned ---------------------------------------------------------------
     def check_rollout(self, step: int, metrics: dict[str, Any], errors: dict[str, str]) -> list[Event]:
@@ -137,16 +169,30 @@ class HealthGuard:
     # ---- the update ---------------------------------------------------------------------------------------------
     def skip_above(self) -> float | None:
         """The gradient norm above which an update is refused: --health-grad-spike x the median of the recent applied
-        steps' (None until there are MIN_NORMS of them, or with the guard off)."""
+        steps' (None until there are MIN_NORMS of them, or with the guard off). Refused updates in a row at one level
+        (within the spike factor of each other) are a lasting change of level, not a spike: GRPO's gradient grows
+        with the share of groups whose rewards differ, which can rise tenfold early in a run. The bound then follows
+        that level instead of refusing every step until the run stops."""
         if not self.config.enabled:
             return None
-        median = recent_median(self._history, "train/grad_norm", self.config.window, was_applied)
-        return None if median is None else self.config.grad_spike * median
+        spike = self.config.grad_spike
+        norms = [norm for _, norm in self._refused]
+        if len(norms) >= LEVEL_SHIFT_REFUSALS and max(norms) <= spike * min(norms):
+            return spike * statistics.median(norms)
+        median = recent_median(self._baseline_records(), "train/grad_norm", self.config.window, self._counts_for_norm)
+        return None if median is None else spike * median
+
+    def _baseline_records(self) -> list[dict[str, Any]]:
+        history = self.timeline.history
+        return history if self._level is None else [r for r in history if r["step"] >= self._level[0]]
+
+    def _counts_for_norm(self, record: dict[str, Any]) -> bool:
+        return was_applied(record) or (self._level is not None and record["step"] in self._level[1])
 
     # ---- after the step --------------------------------------------------------------------------------------------
     def review(self, step: int, metrics: dict[str, Any]) -> list[Event]:
-        """The step's events (refused updates, warnings, a rollback when one is due), then the step joins the
-        history. `metrics` is the step's whole record, health/step_skipped included."""
+        """The step's events (refused updates, warnings, a re-push or a rollback when one is due), then the step
+        joins the history. `metrics` is the step's whole record, health/step_skipped included."""
         events = self._refusals(step, metrics)
         if self.config.enabled and not metrics.get("health/step_skipped"):
             warnings = self._warnings(step, metrics)
@@ -157,69 +203,81 @@ class HealthGuard:
         self._observe(step, metrics, events)
         return events
 
-    def review_eval(self, version: int, metrics: dict[str, Any]) -> list[Event]:
-        """A held-out evaluation of `version`: a rollback when the reward key's metric fell from its best by more than
-        the margin; the trouble began after the last version still within it."""
+    def review_eval(self, version: int, metrics: dict[str, Any], grades: list[float] | None = None) -> list[Event]:
+        """A held-out evaluation of `version` (`grades`: its per-question grades of the reward key, in the eval set's
+        order). A fall from the best by more than --health-eval-drop, beyond chance where both versions' grades pair up
+        (health.heldout), is first a warning that keeps the checkpoint of the last version within the margin; when
+        --health-eval-patience evaluations in a row fall so, the run rolls back to before them. Held-out falls
+        often recover by the next evaluation; a collapse does not."""
         value = _num(metrics, self.eval_key)
         if value is None:
             return []
         events = []
-        best = max((v for _, v in self._evals), default=None)
-        if self.config.enabled and best is not None and best - value > self.config.eval_drop:
-            last_good = max(ver for ver, v in self._evals if best - v <= self.config.eval_drop)
+        if self.config.enabled and self._held_out_fell(value, grades):
+            self._drops_in_a_row += 1
+            best = max(v for _, v in self.timeline.evals)
+            last_good = self._last_good_eval()
             message = (
                 f"{self.eval_key} {value:.3f} at version {version}, {best - value:.3f} below its best {best:.3f} "
                 f"(--health-eval-drop {self.config.eval_drop}); version {last_good} was the last within it"
             )
-            events.append(
-                Event(
-                    version, "rollback", "eval_drop", message, {"value": value, "best": best, "since": float(last_good)}
-                )
-            )
-        self._evals.append((version, value))
+            values = {"value": value, "best": best, BEFORE: float(last_good)}
+            if self._drops_in_a_row >= self.config.eval_patience:
+                events.append(Event(version, "rollback", "eval_drop", message, values))
+            else:
+                message += "; its checkpoint is kept, and the run rolls back unless the next evaluation recovers"
+                events.append(Event(version, "warn", "eval_drop", message, values))
+        else:
+            self._drops_in_a_row = 0
+        self.timeline.evals.append((version, value))
+        if grades is not None:
+            self.timeline.grades[version] = list(grades)
         high = _num(metrics, f"{self.eval_key}_high")
         if high is not None:
-            self._eval_highs[version] = high
+            self.timeline.eval_highs[version] = high
         return events
 
-    def best_kept_eval(self, checkpoints: list[int]) -> tuple[int, float] | None:
-        """(version, metric) of the best held-out evaluation of a version that has a checkpoint (the newest of
-        equals); None without one. --keep-checkpoints must not remove it while --health-end-drop may end on it."""
-        kept = set(checkpoints)
-        scored = [(value, version) for version, value in self._evals if version in kept]
-        if not scored:
-            return None
-        value, version = max(scored)
-        return version, value
+    def _held_out_fell(self, value: float, grades: list[float] | None) -> bool:
+        """Below the best evaluation by more than the margin, and beyond chance when the two pair up."""
+        evals = self.timeline.evals
+        if not evals:
+            return False
+        best_value, best_version = max((v, version) for version, v in evals)
+        if best_value - value <= self.config.eval_drop:
+            return False
+        real = paired_drop_is_real(self.timeline.grades.get(best_version), grades, len(evals) + 1)
+        return real is not False
 
-    def protected_best(self, checkpoints: list[int]) -> int | None:
-        """The best evaluated checkpoint, which --keep-checkpoints must not remove while the run may end on it."""
-        if not self.config.enabled or not self.config.end_drop:
-            return None
-        best = self.best_kept_eval(checkpoints)
-        return None if best is None else best[0]
+    def _last_good_eval(self) -> int:
+        best = max(v for _, v in self.timeline.evals)
+        return max(version for version, v in self.timeline.evals if best - v <= self.config.eval_drop)
 
     def end_on_best(self, checkpoints: list[int]) -> Event | None:
         """At the end of the run: whether to end on the best evaluated checkpoint instead of the last weights. Only
-        a decline that is both larger than --health-end-drop and beyond the final evaluation's own interval (its
-        upper bound below the best) counts: the best of many noisy evaluations is high by chance, and a plateau
-        run must end on its last weights."""
-        if not self.config.enabled or not self.config.end_drop or not self._evals:
+        a decline larger than --health-end-drop and beyond chance counts: paired per question with the best chosen
+        among all the evaluations (health.heldout) where both have grades, else the final evaluation's interval's
+        upper bound below the best."""
+        if not self.config.enabled or not self.config.end_drop or not self.timeline.evals:
             return None
-        final_version, final = self._evals[-1]
-        best = self.best_kept_eval(checkpoints)
-        high = self._eval_highs.get(final_version)
-        if best is None or best[0] == final_version or high is None:
+        final_version, final = self.timeline.evals[-1]
+        best = self.policy.best_evaluated(checkpoints)
+        if best is None or best[0] == final_version or best[1] - final <= self.config.end_drop:
             return None
         version, value = best
-        if value - final <= self.config.end_drop or high >= value:
+        grades = self.timeline.grades
+        paired = paired_drop_is_real(grades.get(version), grades.get(final_version), len(self.timeline.evals))
+        high = self.timeline.eval_highs.get(final_version)
+        if paired is False or (paired is None and (high is None or high >= value)):
             return None
+        beyond = "beyond chance, paired per question" if paired else f"interval up to {high:.3f}"
         message = (
-            f"{self.eval_key} {final:.3f} at the final version {final_version} (interval up to {high:.3f}) is "
+            f"{self.eval_key} {final:.3f} at the final version {final_version} ({beyond}) is "
             f"{value - final:.3f} below {value:.3f} at version {version} (--health-end-drop {self.config.end_drop}): "
             f"the run ends on the checkpoint of step {version}"
         )
-        values = {"value": final, "high": high, "best": value, "ended_on": float(version)}
+        values = {"value": final, "best": value, "ended_on": float(version)}
+        if high is not None:
+            values["high"] = high
         return Event(final_version, "end_on_best", "late_decline", message, values)
 
     def _refusals(self, step: int, metrics: dict[str, Any]) -> list[Event]:
@@ -229,10 +287,10 @@ class HealthGuard:
         if steps is None or applied is None or applied >= steps:
             return []
         norm = _num(metrics, "train/grad_norm_max")
-        finite = norm is not None and abs(norm) < float("inf")
-        rule = "grad_spike" if finite else "nonfinite_gradient"
-        message = f"step {step}: {steps - applied:.0f} of {steps:.0f} updates not applied (gradient norm {norm})"
-        values = {"grad_norm": norm if finite else -1.0, "refused": steps - applied}
+        rule = "grad_spike" if norm is not None else "nonfinite_gradient"
+        shown = norm if norm is not None else metrics.get("train/grad_norm_max")
+        message = f"step {step}: {steps - applied:.0f} of {steps:.0f} updates not applied (gradient norm {shown})"
+        values = {"grad_norm": norm if norm is not None else -1.0, "refused": steps - applied}
         if applied == 0:
             skip = self._skip(step, rule, message, values)
             return [skip if skip.action == "stop" else Event(step, "refuse", rule, message, values)]
@@ -243,6 +301,8 @@ class HealthGuard:
         events = []
 
         def warn(rule: str, message: str, **values: float) -> None:
+            if rule in ENGINE_RULES and not c.engine_serves_policy:
+                return  # a demonstrator engine is another model: the gap and the weights measure that, not a fault
             events.append(Event(step, "warn", rule, f"step {step}: {message}", values))
 
         entropy, start = _num(metrics, "train/entropy"), self._baseline("train/entropy")
@@ -261,13 +321,13 @@ class HealthGuard:
                     value=entropy,
                     start=start,
                 )
-        gaps = {k: v for k, v in metrics.items() if k.startswith("health/logprob_gap") and _num(metrics, k) is not None}
+        gaps = {k: v for k in metrics if k.startswith("health/logprob_gap") and (v := _num(metrics, k)) is not None}
         worst = max(gaps.items(), key=lambda kv: kv[1], default=None)
         if worst is not None and worst[1] > c.max_logprob_gap:
             warn(
                 "logprob_gap",
                 f"{worst[0]} {worst[1]:.4g} > --health-max-logprob-gap {c.max_logprob_gap}",
-                value=float(worst[1]),
+                value=worst[1],
             )
         capped = _num(metrics, "health/is_capped_share")
         if capped is not None and capped > c.max_is_capped_share:
@@ -292,7 +352,7 @@ class HealthGuard:
                 f"(--health-min-positive-shift {c.min_positive_shift})",
                 value=shift,
             )
-        if _num(metrics, "rollout/zero_std_group_share") == 1.0:
+        if c.rewards_grouped and _num(metrics, "rollout/zero_std_group_share") == 1.0:
             warn(
                 "no_reward_signal", "no group's rewards differ (a constant reward?): the step learns nothing", value=1.0
             )
@@ -306,28 +366,42 @@ class HealthGuard:
             )
         return events
 
+    def _lasting(self, step: int, streaks: dict[str, int], metrics: dict[str, Any]) -> list[str]:
+        """The warned rules that changed the run: not standing conditions (held since the run's first step: there is
+        no healthier state to go back to), and length rules only while the training reward is down too (longer
+        responses alone are no sign of trouble: a policy that learns to search more writes more). Only these may
+        escalate, and only these keep a checkpoint from being confirmed."""
+        first = self.timeline.first_step(step)
+        reward_down = self._reward_down(metrics)
+        return [
+            rule for rule, n in streaks.items() if step - n + 1 > first and (rule not in LENGTH_RULES or reward_down)
+        ]
+
     def _escalations(self, step: int, warned: set[str], metrics: dict[str, Any]) -> list[Event]:
-        """A rollback when a warning has held --health-patience steps in a row; `since`: the streak's first step. A
-        warning that has held since the run's first step is a standing condition, not a change: there is no healthier
-        state to go back to, so it stays a warning. Longer responses alone are no sign of trouble (a policy that
-        learns to search more writes more): a length warning escalates only while the training reward is down too."""
-        first = self._history[0]["step"] if self._history else step
+        """A warning that has held --health-patience steps in a row: a re-push of the weights for a log-prob gap the
+        first time (the engines may serve other weights than the trainer's), else a rollback to before the streak's
+        first step."""
         streaks = {rule: self._streaks.get(rule, 0) + 1 for rule in warned}
-        shortfall = self._reward_shortfall(metrics)
-        reward_down = shortfall is not None and shortfall[1] - shortfall[0] > self.config.length_reward_dip
         lasting = sorted(
-            (
-                rule
-                for rule, n in streaks.items()
-                if n >= self.config.patience and step - n + 1 > first and (rule not in LENGTH_RULES or reward_down)
-            ),
+            (rule for rule in self._lasting(step, streaks, metrics) if self._due(rule, streaks[rule])),
             key=lambda r: -streaks[r],
         )
         if not lasting:
             return []
-        message = f"step {step}: {', '.join(lasting)} held {streaks[lasting[0]]} steps in a row"
-        since = step - streaks[lasting[0]] + 1
-        return [Event(step, "rollback", lasting[0], message, {"since": float(since)})]
+        rule = lasting[0]
+        message = f"step {step}: {', '.join(lasting)} held {streaks[rule]} steps in a row"
+        if rule in ENGINE_RULES and self._repushed_at is None:
+            message += "; the weights are pushed to the engines again before the policy is blamed"
+            return [Event(step, "repush", rule, message, {"held": float(streaks[rule])})]
+        return [Event(step, "rollback", rule, message, {BEFORE: float(step - streaks[rule] + 1)})]
+
+    def _due(self, rule: str, held: int) -> bool:
+        """Whether a warning that held `held` steps escalates now: after --health-patience steps, and a trainer-engine
+        mismatch that held on after its re-push after half as many more (the engines then hold the trainer's weights:
+        what is left is the policy's)."""
+        if rule not in ENGINE_RULES or self._repushed_at is None:
+            return held >= self.config.patience
+        return held - self._repushed_at >= max(1, self.config.patience // 2)
 
     def _policy_jump(self, step: int, metrics: dict[str, Any]) -> list[Event]:
         """One update that moved the policy this far on what it trained on broke it (at lr 1e-2 the miniature's first
@@ -339,114 +413,139 @@ class HealthGuard:
             f"step {step}: the update moved the policy KL {kl:.3g} per token (> --health-max-update-kl "
             f"{self.config.max_update_kl})"
         )
-        return [Event(step, "rollback", "policy_jump", message, {"value": kl, "since": float(step)})]
+        return [Event(step, "rollback", "policy_jump", message, {"value": kl, BEFORE: float(step)})]
 
     @property
     def reward_window(self) -> int:
         return max(1, self.config.window // 2)
 
-    def _reward_shortfall(self, metrics: dict[str, Any]) -> tuple[float, float, int] | None:
-        """The training reward's mean over the last `reward_window` steps (this one included), the best such mean so
-        far and the step its window began; None before there are two windows."""
-        records = [r for r in [*self._history, metrics] if _num(r, "rollout/reward_mean") is not None]
+    def _reward_windows(self, metrics: dict[str, Any] | None = None) -> list[tuple[int, float]]:
+        """(first step, mean) of the training reward over each run of `reward_window` steps so far (`metrics` last)."""
+        records = [*self.timeline.history, *([metrics] if metrics is not None else [])]
+        rewards = [(r["step"], v) for r in records if (v := _num(r, "rollout/reward_mean")) is not None]
         width = self.reward_window
-        means = [
-            (records[i - width]["step"], sum(r["rollout/reward_mean"] for r in records[i - width : i]) / width)
-            for i in range(width, len(records) + 1)
+        return [
+            (rewards[i - width][0], sum(v for _, v in rewards[i - width : i]) / width)
+            for i in range(width, len(rewards) + 1)
         ]
-        if len(means) < 2:
+
+    def _reward_shortfall(self, metrics: dict[str, Any]) -> tuple[float, float] | None:
+        """The training reward's window mean now and the best such mean so far; None before there are two windows."""
+        windows = self._reward_windows({**metrics, "step": metrics.get("step", self.timeline.last_step() + 1)})
+        if len(windows) < 2:
             return None
-        best_since, best = max(means, key=lambda m: m[1])
-        return means[-1][1], best, best_since
+        return windows[-1][1], max(mean for _, mean in windows)
+
+    def _reward_down(self, metrics: dict[str, Any]) -> bool:
+        shortfall = self._reward_shortfall(metrics)
+        return shortfall is not None and shortfall[1] - shortfall[0] > self.config.length_reward_dip
+
+    def _reward_anchor(self, windows: list[tuple[int, float]]) -> int:
+        """Where a reward drop rolls back to before: the first step of the newest window still within half the margin
+        of the best. Not the best window's start, which may lie far back (a run that held near its best for long
+        would lose all of it) and is not among the checkpoints pruning keeps; not the falling window's, whose weights
+        are already on the way down."""
+        best = max(mean for _, mean in windows)
+        return max(start for start, mean in windows if best - mean <= self.config.reward_drop / 2)
 
     def _reward_drop(self, step: int, metrics: dict[str, Any]) -> list[Event]:
         """The training reward's mean over the last `reward_window` steps against the best such mean so far."""
-        shortfall = self._reward_shortfall(metrics)
-        if shortfall is None:
+        if not self.config.rewards_grouped:
+            return []  # without reward groups (SFT) the reward is the demonstrator's, not the policy's
+        windows = self._reward_windows({**metrics, "step": step})
+        if len(windows) < 2:
             return []
-        now, best, best_since = shortfall
-        width = self.reward_window
+        now, best = windows[-1][1], max(mean for _, mean in windows)
         if best - now <= self.config.reward_drop:
             return []
         message = (
-            f"step {step}: training reward {now:.3f} (mean of {width} steps), {best - now:.3f} below its best "
-            f"{best:.3f} (--health-reward-drop {self.config.reward_drop})"
+            f"step {step}: training reward {now:.3f} (mean of {self.reward_window} steps), {best - now:.3f} below its "
+            f"best {best:.3f} (--health-reward-drop {self.config.reward_drop})"
         )
-        return [Event(step, "rollback", "reward_drop", message, {"value": now, "best": best, "since": best_since})]
+        values = {"value": now, "best": best, BEFORE: float(self._reward_anchor(windows))}
+        return [Event(step, "rollback", "reward_drop", message, values)]
+
+    def rollback_anchors(self) -> list[int]:
+        """Every point a rule could still roll back to before, from the next step on: the next step itself (a policy
+        jump, a new warning streak), the first step of each open warning streak, the reward's anchor and the last
+        held-out version within the margin of the best. Later anchors only move forward, so the checkpoints these
+        name are all a rollback can ask for (RollbackPolicy.needed)."""
+        if not self.config.enabled:
+            return []
+        last = self.timeline.last_step()
+        anchors = [last + 1, *(last - n + 1 for n in self._streaks.values())]
+        windows = self._reward_windows()
+        if windows and self.config.rewards_grouped:
+            anchors.append(self._reward_anchor(windows))
+        if self.timeline.evals:
+            anchors.append(self._last_good_eval())
+        return anchors
+
+    def checkpoints_needed(self, checkpoints: list[int]) -> set[int]:
+        """What --keep-checkpoints must not remove: every checkpoint a rule could still send the run to."""
+        return self.policy.needed(checkpoints, self.rollback_anchors()) if self.config.enabled else set()
 
     def _recent_median(self, key: str) -> float | None:
         """The median of `key` over the last --health-window steps (a batch's length depends on what finished first in
         asynchronous modes, so a run's first batch is no yardstick for length)."""
-        return recent_median(self._history, key, self.config.window)
+        return recent_median(self.timeline.history, key, self.config.window)
 
     def _baseline(self, key: str) -> float | None:
-        return starting_value(self._history, key)
+        return starting_value(self.timeline.history, key)
 
     def _observe(self, step: int, metrics: dict[str, Any], events: list[Event]) -> None:
         warned = {e.rule for e in events if e.action == "warn"}
         self._streaks = {rule: self._streaks.get(rule, 0) + 1 for rule in warned}
-        skipped = bool(metrics.get("health/step_skipped")) or (
-            _num(metrics, "train/steps_applied") == 0.0 and bool(_num(metrics, "train/steps"))
-        )
+        engine_streaks = [n for rule, n in self._streaks.items() if rule in ENGINE_RULES]
+        if not engine_streaks:
+            self._repushed_at = None
+        if any(e.action == "repush" for e in events):
+            self._repushed_at = max(engine_streaks)
+        steps, applied = _num(metrics, "train/steps"), _num(metrics, "train/steps_applied")
+        refused = bool(steps) and applied == 0.0
+        self._observe_norm(step, _num(metrics, "train/grad_norm_max"), refused, bool(applied))
+        skipped = bool(metrics.get("health/step_skipped")) or refused
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
-        # a warning that has held since the run's first step is how this run is, not a change: it does not keep a
-        # checkpoint from being confirmed (else a run that truncates from the start could never roll back)
-        first = self._history[0]["step"] if self._history else step
-        changed = [rule for rule in warned if step - self._streaks[rule] + 1 > first]
+        # a warning that has held since the run's first step is how this run is, not a change, and a length warning
+        # with the reward up never escalates: neither keeps a checkpoint from being confirmed (else a run that
+        # truncates from the start, or learns to search more, could never roll back to anything recent)
+        changed = self._lasting(step, self._streaks, metrics)
         if skipped or changed or any(e.action in ("refuse", "skip") for e in events):
-            self._troubled.add(step)
-        self._history.append({**metrics, "step": step})
+            self.timeline.troubled.add(step)
+        self.timeline.history.append({**metrics, "step": step})
 
-    # ---- checkpoints and rollbacks ---------------------------------------------------------------------------
-    def healthy_checkpoint(self, checkpoints: list[int], before: int) -> int | None:
-        """The newest of `checkpoints` (steps done) at or before `before` whose neighbourhood stayed clean: the step
-        that produced it and the --health-confirm-steps steps after it raised nothing."""
-        last = self._history[-1]["step"] if self._history else -1
-        for k in sorted(checkpoints, reverse=True):
-            if k == 0 and before >= 0:
-                return 0  # the weights the run started from: the user's choice, trusted without confirmation
-            if k > before or k + self.config.confirm_steps - 1 > last:
-                continue
-            if not any(s in self._troubled for s in range(max(0, k - 1), k + self.config.confirm_steps)):
-                return k
-        return None
+    def _observe_norm(self, step: int, norm: float | None, refused: bool, applied: bool) -> None:
+        """Track refused updates in a row; an update applied after a run of them at one level makes that level the
+        gradient-norm baseline's (skip_above)."""
+        if refused and norm is not None:
+            self._refused.append((step, norm))
+            return
+        if applied and len(self._refused) >= LEVEL_SHIFT_REFUSALS:
+            self._level = (self._refused[0][0], {s for s, _ in self._refused})
+        if applied or refused:
+            self._refused = []
 
-    def stop_checkpoint(self, checkpoints: list[int], before: int) -> int | None:
-        """The checkpoint a run the guard stops ends on: of the checkpoints at or before `before` (where the trouble
-        began), the best evaluated one when its held-out metric beats that of the last healthy one
-        (`healthy_checkpoint`), else that one. Nothing trains on from a stopped run, so what counts is what its
-        weights score, not whether the steps after them were clean; a tie goes to the healthy one."""
-        healthy = self.healthy_checkpoint(checkpoints, before)
-        scores = dict(self._evals)
-        candidates = [k for k in checkpoints if k <= before and k in scores]
-        if not candidates:
-            return healthy
-        best = max(candidates, key=lambda k: (scores[k], k))
-        if healthy is None or scores[best] > scores.get(healthy, float("-inf")):
-            return best
-        return healthy
+    def rolled_back(self, to_step: int, at_step: int) -> None:
+        """The run continues from `to_step` (steps done at the checkpoint), after a rollback decided at `at_step`:
+        later history is forgotten."""
+        self.rollback_steps.append(at_step)
+        self.timeline.forget_from(to_step)
+        self._streaks, self._skipped_in_a_row, self._refused, self._repushed_at = {}, 0, [], None
+        self._drops_in_a_row = 0
+        if self._level is not None and self._level[0] >= to_step:
+            self._level = None
 
-    def protected_checkpoint(self, checkpoints: list[int]) -> int | None:
-        """The checkpoint a rollback would go back to now, which --keep-checkpoints must not remove."""
-        return self.healthy_checkpoint(checkpoints, before=self._history[-1]["step"] + 1 if self._history else 0)
-
-    def rolled_back(self, to_step: int) -> None:
-        """The run continues from `to_step` (steps done at the checkpoint): later history is forgotten."""
-        self.rollbacks += 1
-        self._history = [r for r in self._history if r["step"] < to_step]
-        self._troubled = {s for s in self._troubled if s < to_step}
-        self._streaks, self._skipped_in_a_row = {}, 0
-        self._evals = [(version, value) for version, value in self._evals if version < to_step]
-        self._eval_highs = {version: high for version, high in self._eval_highs.items() if version < to_step}
-
-    def replay(self, records: list[dict[str, Any]], rollbacks: int) -> None:
-        """Rebuild the state of a resumed run from the records it kept (in file order) and its rollback count."""
-        self.rollbacks = rollbacks
+    def replay(
+        self, records: list[dict[str, Any]], rollback_steps: list[int], grades: dict[int, list[float]] | None = None
+    ) -> None:
+        """Rebuild the state of a resumed run from the records it kept (in file order), its rollbacks' steps and the
+        per-question grades of its evaluations (by version)."""
+        self.rollback_steps = list(rollback_steps)
         for record in records:
             if "time/step_s" in record:
                 self.review(record["step"], record)
             elif self.eval_key in record:
-                self.review_eval(record["step"], record)
+                self.review_eval(record["step"], record, (grades or {}).get(record["step"]))
 
 
 def was_applied(record: dict[str, Any]) -> bool:

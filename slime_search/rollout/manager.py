@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_search.engines.deployment import EngineConfig
-from slime_search.evaluation.subsets import SET_SIZE_KEY, EvalSubset
+from slime_search.evaluation.subsets import ROW_KEY, SET_SIZE_KEY, EvalSubset
 from slime_search.plugins import Plugins
 from slime_search.rollout.data_source import DataConfig, DataSource, load_rows
 from slime_search.rollout.rollout import RolloutConfig
@@ -100,11 +100,15 @@ def evaluation_samples(
     subset: EvalSubset | None = None,
 ) -> list[Sample]:
     """The subset's rows of every eval set (all by default) once, in file order; the set's NAME fills in a missing
-    data_source."""
+    data_source. Each sample's metadata holds its row in the file (ROW_KEY), which names the question when
+    comparing runs: a prompt is not a question's identity, two questions may share one."""
     samples = []
     for name, path in eval_sets:
         rows = load_rows(path)
-        chosen = [rows[i] for i in (subset or EvalSubset()).indices(name, len(rows))]
+        chosen = [
+            {**rows[i], data.metadata_key: {**(rows[i].get(data.metadata_key) or {}), ROW_KEY: i}}
+            for i in (subset or EvalSubset()).indices(name, len(rows))
+        ]
         source = DataSource(replace(data, path=path, shuffle=False), rows=chosen)
         config = RolloutConfig(batch_size=len(source), n_samples_per_prompt=1, reward_key=reward_key)
         groups, _ = run(source, config, params)
@@ -230,8 +234,8 @@ class RolloutManager:
 
     def evaluate(self, examples: int = 0) -> tuple[dict[str, float], list[dict]]:
         """Greedy decoding of every eval set; the reward's numeric keys (EM, F1, ...) per data source, search rate,
-        turns."""
-        from slime_search.rollout.evaluation import evaluate_samples
+        turns, and the per-question grades (GRADES)."""
+        from slime_search.rollout.evaluation import GRADES, evaluate_samples, question_grades
 
         reward_key = self.config.rollout.reward_key
         config = self.config
@@ -239,7 +243,7 @@ class RolloutManager:
             config.eval_sets, config.data, reward_key, self._run, config.eval_sampling_params, config.eval_subset
         )
         shown = [sample_record(s, reward_key) for s in samples[:examples]]
-        return evaluate_samples(samples, reward_key), shown
+        return {**evaluate_samples(samples, reward_key), GRADES: question_grades(samples, reward_key)}, shown
 
     def evaluate_weights(self, model_path: str, version: int, examples: int = 0) -> dict[str, Any]:
         """--eval-engine: the engines load the HF folder of `version`, then the evaluation above runs on them. The

@@ -48,7 +48,7 @@ def test_a_nan_reward_stops_the_run_before_it_trains(tiny_checkpoint, tmp_path, 
         "--custom-rm-path", "tests.e2e.faulty_plugins.nan_for_sample_3",
     )  # fmt: skip
     result = run_training(command, tmp_path, "nan")
-    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.returncode == 3, result.stderr[-3000:]  # the guard's stop, not a crash
     assert "run stopped: step 0: 2 of 8 rewards were not usable" in result.stderr
     assert "nan_for_sample_3 returned nan for sample 3" in result.stderr
     run = tmp_path / "run"
@@ -84,8 +84,9 @@ def test_a_rollback_restores_the_start_halves_the_lr_and_a_resume_keeps_the_reme
         "--save-interval", "1", "--max-rollbacks", "1",
     )  # fmt: skip
     # every update "moves the policy too far": roll back once, then out of rollbacks: stop
-    result = run_training([*base, "--health-max-update-kl", "1e-12"], tmp_path, "jumpy")
-    assert result.returncode == 1, result.stderr[-3000:]
+    jumpy = [*base, "--health-max-update-kl", "1e-12"]
+    result = run_training(jumpy, tmp_path, "jumpy")
+    assert result.returncode == 3, result.stderr[-3000:]
     log = [e for e in events(run) if e["action"] != "warn"]  # (the tiny policy's rewards never differ: it warns so)
     actions = [(e["step"], e["action"], e["rule"]) for e in log]
     assert actions == [
@@ -95,7 +96,8 @@ def test_a_rollback_restores_the_start_halves_the_lr_and_a_resume_keeps_the_reme
         (0, "stop", "policy_jump"),
     ]
     assert log[1]["values"]["to_step"] == 0 and log[1]["values"]["lr_scale"] == 0.5
-    assert "no rollback left (--max-rollbacks 1)" in log[3]["message"] and "run stopped" in result.stderr
+    assert "no rollback left (--max-rollbacks 1 within" in log[3]["message"] and "run stopped" in result.stderr
+    assert "to go on: lower --lr" in result.stderr
     # the stopped run ends on its last healthy checkpoint: the starting weights, served and left in RUN/weights
     assert "ends on the checkpoint of step 0" in log[3]["message"] and log[3]["values"]["ended_on"] == 0
     assert sorted(p.name for p in (run / "weights").iterdir()) == ["step_0"]
@@ -103,6 +105,12 @@ def test_a_rollback_restores_the_start_halves_the_lr_and_a_resume_keeps_the_reme
     start = load_file(tiny_checkpoint / "model.safetensors")
     assert left.keys() == start.keys() and all(torch.equal(left[k], start[k]) for k in start)
     assert [s["train/lr"] for s in records(run)] == [5e-3]  # the step redone after the rollback, at half the lr
+    final = json.loads((run / "final.json").read_text())
+    assert final["step"] == 0 and final["checkpoint"] == "checkpoints/iter_0000000" and "policy_jump" in final["reason"]
+    # the very same command again would stop the same way: it says what to change, before anything starts
+    again = run_training(jumpy, tmp_path, "again")
+    assert again.returncode == 3 and "Started again unchanged it would stop the same way" in again.stderr
+    assert "Traceback" not in again.stderr and [s["step"] for s in records(run)] == [0]
     # the same command, with a bound the updates meet, resumes from the start with the remedy still in force
     resumed = run_training([*base, "--health-max-update-kl", "100"], tmp_path, "resumed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -137,3 +145,4 @@ def test_a_late_decline_ends_the_run_on_its_best_evaluated_checkpoint(tiny_check
     assert left.keys() == best.keys() and all(torch.equal(left[k], best[k]) for k in best)
     assert not all(torch.equal(last[k], best[k]) for k in best)  # the last weights are others
     assert verdict(events(run)).endswith("the run ends on the checkpoint of step 1")
+    assert json.loads((run / "final.json").read_text())["hf"] == "hf/step_1"  # the weights chosen, whatever transport

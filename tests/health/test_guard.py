@@ -105,13 +105,13 @@ def test_a_warning_that_holds_patience_steps_rolls_back_to_before_it_began():
     actions = [[e.action for e in guard.review(step, step_record(step, entropy=0.05))] for step in range(5, 8)]
     assert actions == [["warn"], ["warn"], ["warn", "rollback"]]
     rollback = guard.review(8, step_record(8, entropy=0.05))[-1]
-    assert rollback.rule == "entropy_collapse" and rollback.values["since"] == 5  # the streak's first step
+    assert rollback.rule == "entropy_collapse" and rollback.values["roll_back_before"] == 5  # the streak's first step
     # a checkpoint (steps done) qualifies when the step that made it and the 3 after it were clean: 2 (steps 1-4);
     # not 4, whose third step after it (5) warned
-    assert guard.healthy_checkpoint([2, 4, 6], before=5) == 2
-    assert guard.healthy_checkpoint([1, 3], before=5) == 1
-    assert guard.healthy_checkpoint([2], before=1) is None  # after the trouble began
-    assert guard.healthy_checkpoint([6], before=8) is None
+    assert guard.policy.target([2, 4, 6], before=5) == 2
+    assert guard.policy.target([1, 3], before=5) == 1
+    assert guard.policy.target([2], before=1) is None  # after the trouble began
+    assert guard.policy.target([6], before=8) is None
 
 
 def test_a_condition_that_held_from_the_first_step_warns_but_never_rolls_back():
@@ -151,24 +151,56 @@ def test_signals_beyond_their_bounds_warn():
     assert [e.rule for e in alternating.review(8, step_record(8, length=600.0))] == ["length_blowup"]
 
 
-def test_a_reward_drop_rolls_back_to_before_the_best_window():
+def test_a_reward_drop_rolls_back_to_before_the_newest_window_near_the_best():
     guard = HealthGuard(HealthConfig(window=4, reward_drop=0.3))  # window means over 2 steps
     rewards = [0.2, 0.6, 0.8, 0.8, 0.7, 0.5, 0.3]
     events = [guard.review(step, step_record(step, reward=r)) for step, r in enumerate(rewards)]
     assert all(e == [] for e in events[:-1])
     [rollback] = events[-1]
-    assert rollback.rule == "reward_drop" and rollback.values["since"] == 2  # the best window: steps 2 and 3
+    # window means by first step: 0: 0.4, 1: 0.7, 2: 0.8 (best), 3: 0.75, 4: 0.6, 5: 0.4 (0.4 below: the rule fires);
+    # the newest window within half the margin (0.15) of the best begins at step 3
+    assert rollback.rule == "reward_drop" and rollback.values["roll_back_before"] == 3
     assert rollback.values["best"] == pytest.approx(0.8) and rollback.values["value"] == pytest.approx(0.4)
 
 
-def test_a_held_out_drop_rolls_back():
+def test_a_held_out_drop_warns_and_keeps_its_target_then_rolls_back_when_it_lasts():
     guard = HealthGuard(HealthConfig(eval_drop=0.2), reward_key="score")
+    for step in range(15):
+        guard.review(step, step_record(step))
     assert guard.review_eval(0, {"eval/score": 0.1}) == []
     assert guard.review_eval(5, {"eval/score": 0.9}) == []
     assert guard.review_eval(10, {"eval/score": 0.8}) == []
     [event] = guard.review_eval(15, {"eval/score": 0.6})
-    # the trouble began after version 10, the last within 0.2 of the best
-    assert event.action == "rollback" and event.values["since"] == 10 and event.values["best"] == 0.9
+    # the trouble began after version 10, the last within 0.2 of the best: its checkpoint is kept, and the run waits
+    assert event.action == "warn" and event.values["roll_back_before"] == 10 and "rolls back unless" in event.message
+    assert 10 in guard.checkpoints_needed([0, 5, 10, 15])
+    [event] = guard.review_eval(20, {"eval/score": 0.55})
+    assert event.action == "rollback" and event.values["roll_back_before"] == 10 and event.values["best"] == 0.9
+    # a fall that recovers at the next evaluation is never rolled back
+    recovering = HealthGuard(HealthConfig(eval_drop=0.2), reward_key="score")
+    events = [recovering.review_eval(v, {"eval/score": s}) for v, s in ((0, 0.9), (5, 0.6), (10, 0.85), (15, 0.6))]
+    assert [[e.action for e in es] for es in events] == [[], ["warn"], [], ["warn"]]
+    assert HealthGuard(HealthConfig(eval_drop=0.2, eval_patience=1)).review_eval(0, {"eval/score": 0.9}) == []
+
+
+def test_a_held_out_fall_within_chance_is_no_fall_when_the_grades_pair_up():
+    """64 questions: the best version (0.75) was one of 10 evaluations. A fall to 0.53 that loses 14 of its questions
+    and gains none is beyond chance; the same mean from grades that lose 30 and gain 16 (the best's every miss) is
+    within it: those two versions differ mostly by noise."""
+    best = [1.0] * 48 + [0.0] * 16
+    one_way = [1.0] * 34 + [0.0] * 30  # loses 14 questions, gains none
+    both_ways = [0.0] * 30 + [1.0] * 18 + [1.0] * 16  # loses 30 of the best's, gains its 16 misses
+    assert sum(one_way) == sum(both_ways) == 34
+
+    def guard_after(grades):
+        guard = HealthGuard(HealthConfig(eval_drop=0.2, eval_patience=1), reward_key="score")
+        for version in range(0, 18, 2):
+            guard.review_eval(version, {"eval/score": 0.6}, [1.0] * 38 + [0.0] * 26)
+        guard.review_eval(18, {"eval/score": 0.75}, best)
+        return guard.review_eval(20, {"eval/score": sum(grades) / 64}, grades)
+
+    assert [e.action for e in guard_after(one_way)] == ["rollback"]
+    assert guard_after(both_ways) == []
 
 
 def test_without_the_guard_only_hard_stops_and_skips_remain():
@@ -186,7 +218,7 @@ def test_a_replayed_guard_decides_as_the_one_that_ran():
     for record in records:
         live.review(record["step"], record)
     replayed = HealthGuard(config)
-    replayed.replay([*records, {"step": 7, "eval/score": 0.5, "time/eval_s": 1.0}], rollbacks=1)
+    replayed.replay([*records, {"step": 7, "eval/score": 0.5, "time/eval_s": 1.0}], rollback_steps=[3])
     assert replayed.rollbacks == 1 and replayed.skip_above() == live.skip_above()
     following = step_record(7, entropy=0.05)
     assert [e.action for e in replayed.review(7, dict(following))] == [e.action for e in live.review(7, following)]
@@ -206,9 +238,9 @@ def test_a_standing_condition_does_not_keep_checkpoints_from_being_confirmed():
     gap = {"health/logprob_gap_lag0": 0.5}  # from the first step on
     for step in range(6):
         guard.review(step, step_record(step, **gap))
-    assert guard.healthy_checkpoint([2, 4], before=6) == 4
+    assert guard.policy.target([2, 4], before=6) == 4
     guard.review(6, step_record(6, entropy=5.0, **gap))  # a new warning: trouble
-    assert guard.protected_checkpoint([2, 4, 6]) == 4
+    assert guard.policy.target([2, 4, 6], before=7) == 4 and 4 in guard.checkpoints_needed([2, 4, 6])
 
 
 def test_longer_responses_escalate_only_while_the_reward_is_down():
@@ -230,7 +262,7 @@ def test_longer_responses_escalate_only_while_the_reward_is_down():
     }
     falling = run([0.2, 0.4, 0.6, 0.6, 0.6, 0.6, 0.6, 0.55, 0.5, 0.45, 0.42, 0.4])
     rollback = next(e for e in falling if e.action == "rollback")  # the run goes back there; later steps are redone
-    assert rollback.rule == "length_blowup" and rollback.step == 10 and rollback.values["since"] == 8
+    assert rollback.rule == "length_blowup" and rollback.step == 10 and rollback.values["roll_back_before"] == 8
 
 
 # held-out score and its interval's upper bound by version: seed 1's fully-asynchronous replica 1 of the benchmark
@@ -255,13 +287,13 @@ def test_a_late_decline_ends_the_run_on_its_best_kept_checkpoint():
     assert event.values == {"value": 0.8594, "high": 0.9375, "best": 0.9844, "ended_on": 14.0}  # newest of equals
     assert "checkpoint of step 14" in event.message
     # only a kept checkpoint can be ended on: with 6-14 pruned, the best kept is 16, 0.0625 above: no decline
-    assert guard.best_kept_eval([0, 16, 18, 20]) == (16, 0.9219)
+    assert guard.policy.best_evaluated([0, 16, 18, 20]) == (16, 0.9219)
     assert guard.end_on_best([0, 16, 18, 20]) is None
     assert HealthGuard(HealthConfig(end_drop=0.0)).end_on_best(list(range(0, 21, 2))) is None
-    # the checkpoint kept from pruning: the best one, only while the run may end on it
-    assert guard.protected_best([0, 14, 16, 18]) == 14
-    assert evaluated(HealthGuard(HealthConfig(end_drop=0.0)), LATE_DECLINE).protected_best([14, 16]) is None
-    assert evaluated(HealthGuard(HealthConfig(enabled=False)), LATE_DECLINE).protected_best([14, 16]) is None
+    # the checkpoints kept from pruning include the best evaluated one, whether the run may end on it or stop on it
+    assert 14 in guard.checkpoints_needed([0, 14, 16, 18])
+    assert 14 in evaluated(HealthGuard(HealthConfig(end_drop=0.0)), LATE_DECLINE).checkpoints_needed([14, 16])
+    assert evaluated(HealthGuard(HealthConfig(enabled=False)), LATE_DECLINE).checkpoints_needed([14, 16]) == set()
 
 
 def test_a_decline_inside_the_final_evaluations_interval_or_the_margin_keeps_the_last_weights():
@@ -282,10 +314,10 @@ def test_a_decline_inside_the_final_evaluations_interval_or_the_margin_keeps_the
 
 def test_a_rollback_forgets_the_evaluations_it_undoes_and_a_replay_remembers_the_rest():
     guard = evaluated(HealthGuard(HealthConfig(end_drop=0.1)), LATE_DECLINE)
-    guard.rolled_back(8)  # versions 8.. are undone: the best left is version 6
-    assert guard.best_kept_eval(list(range(0, 21, 2))) == (6, 0.9844)
+    guard.rolled_back(8, at_step=10)  # versions 8.. are undone: the best left is version 6
+    assert guard.policy.best_evaluated(list(range(0, 21, 2))) == (6, 0.9844)
     replayed = HealthGuard(HealthConfig(end_drop=0.1))
-    replayed.replay([{"step": v, "eval/score": s, "eval/score_high": h} for v, s, h in LATE_DECLINE], rollbacks=0)
+    replayed.replay([{"step": v, "eval/score": s, "eval/score_high": h} for v, s, h in LATE_DECLINE], rollback_steps=[])
     assert replayed.end_on_best([14, 20]).values["ended_on"] == 14.0
 
 
@@ -298,13 +330,13 @@ def test_a_stopped_run_ends_on_the_best_evaluated_checkpoint_before_the_trouble(
         guard.review(step, step_record(step, entropy=0.01 if step >= 8 else 1.0))
     evaluated(guard, [(4, 0.594, 0.7), (6, 0.703, 0.8), (8, 0.656, 0.75), (10, 0.578, 0.7), (12, 0.531, 0.6)])
     kept = [4, 6, 8, 10, 12]
-    assert guard.healthy_checkpoint(kept, before=11) == 4
-    assert guard.stop_checkpoint(kept, before=11) == 6  # the best evaluated at or before step 11
-    assert guard.stop_checkpoint(kept, before=5) == 4  # step 6 is after the trouble began: not a candidate
+    assert guard.policy.target(kept, before=11) == 4
+    assert guard.policy.stop_target(kept, before=11) == 6  # the best evaluated at or before step 11
+    assert guard.policy.stop_target(kept, before=5) == 4  # step 6 is after the trouble began: not a candidate
     tie = HealthGuard(HealthConfig())
     evaluated(tie, [(0, 0.5, 0.6), (2, 0.5, 0.6)])
-    assert tie.stop_checkpoint([0, 2], before=2) == 0  # a tie goes to the healthy one (0: the starting weights)
-    assert HealthGuard(HealthConfig()).stop_checkpoint([0, 2], before=2) == 0  # no evaluation: the healthy one
+    assert tie.policy.stop_target([0, 2], before=2) == 0  # a tie goes to the healthy one (0: the starting weights)
+    assert HealthGuard(HealthConfig()).policy.stop_target([0, 2], before=2) == 0  # no evaluation: the healthy one
 
 
 # the trainer-engine log-prob gap per step of two unguarded fully-asynchronous runs of the benchmark
@@ -314,8 +346,8 @@ GAP_ENDED_LOW = [0.0, 0.06, 0.21, 0.18, 0.2, 0.18, 0.15, 0.17]  # seed 0, replic
 
 
 def test_the_default_patience_spares_a_three_step_gap_and_rolls_back_a_lasting_one():
-    """With patience 3 the first run was rolled back at step 4 and it would have ended level unaided; the default
-    (4) lets a gap that holds three steps pass as warnings and still rolls back the gap that lasts."""
+    """With patience 3 (and no re-push) the first run was rolled back at step 4 and it would have ended level unaided;
+    the default (4) lets a gap that holds three steps pass as warnings and still rolls back the gap that lasts."""
 
     def rollbacks(gaps, config):
         guard, events = HealthGuard(config), []
@@ -325,5 +357,8 @@ def test_the_default_patience_spares_a_three_step_gap_and_rolls_back_a_lasting_o
 
     assert HealthConfig().patience == 4
     assert rollbacks(GAP_ENDED_WELL, HealthConfig()) == []
-    assert rollbacks(GAP_ENDED_WELL, HealthConfig(patience=3)) == [(4, "logprob_gap")]
-    assert rollbacks(GAP_ENDED_LOW, HealthConfig())[0] == (5, "logprob_gap")
+    # a lasting gap is first answered by pushing the weights again: with patience 3 that spares the first run too
+    assert rollbacks(GAP_ENDED_WELL, HealthConfig(patience=3)) == []
+    # the second's gap held on 2 more steps after its re-push (step 5), the engines on the trainer's weights: the
+    # policy is rolled back to before the gap began
+    assert rollbacks(GAP_ENDED_LOW, HealthConfig())[0] == (7, "logprob_gap")

@@ -50,18 +50,20 @@ def prune_iterations(root: str | Path, keep: int, protect: tuple[int, ...] = ())
     return removed
 
 
-def rewind_to(root: str | Path, iteration: int) -> list[int]:
-    """Make `iteration` the tracked checkpoint and remove the newer ones (a rollback: they hold the weights it undid);
-    returns the iterations removed. The tracker is replaced first, so a crash in between resumes from `iteration`
-    and a later save of a removed iteration replaces what is left of it."""
+def rewind_to(root: str | Path, iteration: int, aside: str | Path) -> list[int]:
+    """Make `iteration` the tracked checkpoint and move the newer ones into the folder `aside` (a rollback or a stop
+    undid them; they are kept, not deleted, so an action taken in error loses nothing); returns the iterations moved.
+    The tracker is replaced first, so a crash in between resumes from `iteration`."""
     if not iteration_dir(root, iteration).is_dir():
         raise FileNotFoundError(f"no checkpoint of iteration {iteration} in {root}")
     tmp = Path(root) / (TRACKER + ".tmp")
     tmp.write_text(str(iteration))
     os.replace(tmp, Path(root) / TRACKER)
     newer = [it for it in saved_iterations(root) if it > iteration]
+    if newer:
+        Path(aside).mkdir(parents=True, exist_ok=True)
     for it in newer:
-        shutil.rmtree(iteration_dir(root, it))
+        os.replace(iteration_dir(root, it), Path(aside) / iteration_dir(root, it).name)
     return newer
 
 

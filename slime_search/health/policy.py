@@ -1,0 +1,93 @@
+"""Which checkpoint a rollback, a stop or the end of a run goes to, and so which checkpoints pruning must keep.
+
+One policy answers both questions: `target` and `stop_target` are where a rule sends the run, and `needed` is the set
+of those answers for every point a rule could still roll back to before (the guard's `rollback_anchors`). Pruning keeps
+`needed`, so a rollback never finds its target pruned.
+
+A checkpoint of `k` steps is a rollback target once the step that made it and the --health-confirm-steps steps after it
+raised nothing that vetoes confirmation (a warning that changed, a refused update, a skip). Checkpoint 0, the weights
+the run started from, is the user's choice and trusted as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Timeline:
+    """What the guard has seen of the current timeline; a rollback forgets what it undid."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)  # step records, in order
+    troubled: set[int] = field(default_factory=set)  # steps that veto the confirmation of a checkpoint
+    evals: list[tuple[int, float]] = field(default_factory=list)  # (version, held-out metric), in review order
+    eval_highs: dict[int, float] = field(default_factory=dict)  # version -> its metric's interval's upper bound
+    grades: dict[int, list[float]] = field(default_factory=dict)  # version -> its per-question grades
+
+    def last_step(self) -> int:
+        return self.history[-1]["step"] if self.history else -1
+
+    def first_step(self, default: int) -> int:
+        return self.history[0]["step"] if self.history else default
+
+    def forget_from(self, step: int) -> None:
+        self.history = [r for r in self.history if r["step"] < step]
+        self.troubled = {s for s in self.troubled if s < step}
+        self.evals = [(version, value) for version, value in self.evals if version < step]
+        self.eval_highs = {version: high for version, high in self.eval_highs.items() if version < step}
+        self.grades = {version: grades for version, grades in self.grades.items() if version < step}
+
+
+class RollbackPolicy:
+    def __init__(self, confirm_steps: int, timeline: Timeline):
+        self.confirm_steps = confirm_steps
+        self.timeline = timeline
+
+    def target(self, checkpoints: list[int], before: int) -> int | None:
+        """The newest of `checkpoints` (steps done) at or before `before` whose neighbourhood stayed clean: the step
+        that produced it and the --health-confirm-steps steps after it."""
+        last = self.timeline.last_step()
+        for k in sorted(checkpoints, reverse=True):
+            if k == 0 and before >= 0:
+                return 0
+            if k > before or k + self.confirm_steps - 1 > last:
+                continue
+            if not any(s in self.timeline.troubled for s in range(max(0, k - 1), k + self.confirm_steps)):
+                return k
+        return None
+
+    def stop_target(self, checkpoints: list[int], before: int) -> int | None:
+        """The checkpoint a stopped run ends on: of those at or before `before`, the best evaluated one when its
+        held-out metric beats that of `target`'s, else `target`. Nothing trains on from a stopped run, so what counts
+        is what its weights score, not whether the steps after them were clean; a tie goes to the healthy one."""
+        healthy = self.target(checkpoints, before)
+        scores = dict(self.timeline.evals)
+        candidates = [k for k in checkpoints if k <= before and k in scores]
+        if not candidates:
+            return healthy
+        best = max(candidates, key=lambda k: (scores[k], k))
+        if healthy is None or scores[best] > scores.get(healthy, float("-inf")):
+            return best
+        return healthy
+
+    def best_evaluated(self, checkpoints: list[int]) -> tuple[int, float] | None:
+        """(version, metric) of the best held-out evaluation of a version that has a checkpoint (the newest of
+        equals); None without one."""
+        kept = set(checkpoints)
+        scored = [(value, version) for version, value in self.timeline.evals if version in kept]
+        if not scored:
+            return None
+        value, version = max(scored)
+        return version, value
+
+    def needed(self, checkpoints: list[int], anchors: list[int]) -> set[int]:
+        """The checkpoints a rule could still send the run to: for every anchor (a point a future rollback could go
+        back to before), its target and its stop target, and the best evaluated checkpoint (the end of the run may
+        choose it)."""
+        needed = {self.target(checkpoints, before) for before in anchors}
+        needed |= {self.stop_target(checkpoints, before) for before in anchors}
+        best = self.best_evaluated(checkpoints)
+        if best is not None:
+            needed.add(best[0])
+        return {k for k in needed if k is not None}

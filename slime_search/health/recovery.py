@@ -1,0 +1,244 @@
+"""What the run does with the health guard's decisions: resume, roll back, push again, stop, end on a checkpoint.
+
+All of them go through one path, `serve_checkpoint(k)`: the actor loads checkpoint k and the engines serve its weights.
+None of them deletes anything: the checkpoints a rollback or a stop undoes are set aside (RunFolder.set_aside) and the
+events name where. RUN/final.json names the weights the run ended on, whatever the transport.
+
+A stop exits with STOP_EXIT_CODE, not 1: a scheduler that restarts failed jobs can tell the guard's verdict from a
+crash. Run again unchanged, a stopped run would meet the same rule at the same place, so it refuses to start and says
+what to change (`repeated_stop`); run with any flag changed, it resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from slime_search.health.guard import ACTIONS, BEFORE, Event, RunStopped
+from slime_search.health.remedy import lr_scale, remedied_schedule
+
+logger = logging.getLogger(__name__)
+
+STOPPED = "stopped.json"  # RUN/stopped.json: a stop's command, event and advice (RunFolder.record_stop)
+
+STOP_EXIT_CODE = 3
+ADVICE = {  # what to change before running a stopped run again, by the rule that stopped it
+    "reward_errors": "fix the reward plugin (the message names its first error), or allow a share of bad rewards "
+    "with --max-reward-error-rate",
+    "search_failures": "check the retriever behind --search-url (its log), or raise --max-search-failure-rate",
+    "no_trainable_sample": "check the engines and the rollout's errors named above",
+    "nonfinite_weights": "the actor's weights are damaged: lower --lr or raise --clip-grad's strictness, then resume",
+    "nonfinite_gradient": "lower --lr, or clip harder with --clip-grad",
+    "grad_spike": "lower --lr, or raise --health-grad-spike",
+    "stop_run": "remove the cause the plugin named (e.g. raise --serper-budget-calls)",
+}
+ROLLBACK_ADVICE = (
+    "lower --lr, or give the guard more room (--max-rollbacks, --health-rollback-window, or the rule's own bound)"
+)
+
+
+def advice(rule: str) -> str:
+    return ADVICE.get(rule, ROLLBACK_ADVICE)
+
+
+def repeated_stop(run_dir, argv: list[str]) -> str | None:
+    """A run the guard stopped, started again with the very same command, would repeat the stop: what to change
+    instead (None when the run was not stopped, or runs with other flags now). Any change of flags resumes it; the
+    record of the stop stays in RUN/health.jsonl."""
+    from pathlib import Path
+
+    path = Path(run_dir) / STOPPED
+    if not path.is_file():
+        return None
+    stopped = json.loads(path.read_text())
+    if stopped["argv"] != argv:
+        path.unlink()
+        return None
+    event = stopped["event"]
+    return (
+        f"this run was stopped by the health guard at step {event['step']} ({event['rule']}): {event['message']}. "
+        f"Started again unchanged it would stop the same way: {stopped['advice']}; then run it again "
+        f"(or delete {path} to resume it as it is)"
+    )
+
+
+class Recovery:
+    """The guard's decisions, carried out on the run's handles (slime_search.run_handles.RunHandles)."""
+
+    def __init__(self, handles, argv: list[str] | None = None):
+        self.h = handles
+        self.argv = argv or []
+        self.lr_scale = 1.0
+
+    # ---- the one path ----------------------------------------------------------------------------------------------
+    def serve_checkpoint(self, steps_done: int) -> None:
+        """The actor loads the checkpoint of `steps_done` and the engines serve its weights (the disk transport
+        leaves them in RUN/weights)."""
+        h = self.h
+        h.colocation.for_training()
+        h.group.load(str(h.run.checkpoints), steps_done)
+        if h.transport is not None:
+            h.colocation.for_weight_push()
+            h.transport.push(str(steps_done))
+
+    def restore(self, steps_done: int) -> None:
+        """Actor, data position and engines as they were at the checkpoint of `steps_done`; records of later steps
+        are dropped (they are redone)."""
+        import ray
+
+        h = self.h
+        state = h.run.rollout_state(steps_done)
+        self.serve_checkpoint(steps_done)
+        ray.get(h.manager.load_state_dict.remote(state))
+        h.sink.drop_from(steps_done)
+        h.run.drop_examples_from(steps_done)
+
+    def resume(self) -> int:
+        """Continue after the last complete checkpoint of the run folder, if any; returns the next step. The guard
+        replays the records kept, and the remedy of recent rollbacks holds again."""
+        h = self.h
+        done = h.run.latest_checkpoint()
+        h.guard.rollback_steps = h.run.rollback_steps()
+        h.run.record_resume(done or 0, h.guard.rollbacks)
+        self.follow_remedy(done or 0)
+        if done is None:
+            # a run killed before its first checkpoint starts again from step 0: its records would be duplicated
+            dropped = h.sink.drop_from(0) + h.run.drop_examples_from(0) + h.run.drop_events_from(0, h.guard.rollbacks)
+            if dropped:
+                logger.info("no checkpoint in %s: dropped %d records of an earlier attempt", h.run.path, dropped)
+            if h.config.model.load and h.transport is not None:  # the engines started from the HF weights
+                h.colocation.for_weight_push()
+                h.transport.push("0")
+            return 0
+        self.restore(done)
+        h.run.drop_events_from(done, h.guard.rollbacks)
+        h.guard.replay(h.sink.read(), h.guard.rollback_steps, h.run.eval_grades())
+        logger.info("resumed after step %d", done)
+        return done
+
+    # ---- the guard's decisions -------------------------------------------------------------------------------------
+    def report(self, events: list[Event]) -> list[Event]:
+        """The guard's events: logged, recorded in RUN/health.jsonl; a stop ends the run here with its message."""
+        for event in events:
+            logger.warning("health %s (%s): %s", event.action, event.rule, event.message)
+        self.h.run.record_events([event.record(self.h.guard.rollbacks) for event in events])
+        stop = next((event for event in events if event.action == "stop"), None)
+        if stop is not None:
+            self.h.run.record_stop(self.argv, stop.record(self.h.guard.rollbacks), advice(stop.rule))
+            raise RunStopped(f"{stop.message} (to go on: {advice(stop.rule)})")
+        return list(events)
+
+    def record_eval(self, result, step: int) -> Event | None:
+        """A held-out evaluation, recorded under the version it evaluated (at step `step`, later when it ran beside
+        training) and reviewed by the guard; returns the rollback it calls for, if any."""
+        from slime_search.rollout.evaluation import GRADES
+
+        h = self.h
+        metrics = dict(result.metrics)
+        grades = metrics.pop(GRADES, None)  # per question, in the eval set's order: kept apart from the metrics
+        if grades is not None:
+            h.run.record_grades(result.version, grades)
+        record = {**metrics, **result.record, "weight_version": result.version}
+        h.sink.log(result.version, {**record, "eval/lag_steps": step - result.version})
+        h.run.record_examples(result.version, "eval", result.shown)
+        return first_rollback(self.report(h.guard.review_eval(result.version, metrics, grades)))
+
+    def repush(self, version: int) -> None:
+        """The engines served other weights than the trainer's, or seemed to: push the current ones again (each
+        transport checks the version the engines then serve)."""
+        h = self.h
+        if h.transport is None:
+            return
+        h.colocation.for_weight_push()
+        served = h.transport.push(str(version))
+        logger.warning("weights of version %d pushed again; the engines serve version %s", version, served)
+
+    def roll_back(self, event: Event) -> int:
+        """Back to the newest checkpoint that stayed healthy before the trouble began, with the remedy of one more
+        recent rollback; returns the step to continue from. Stops the run (ending on the best checkpoint from before
+        the trouble) when the budget of recent rollbacks is spent or no checkpoint qualifies."""
+        from slime_search.rollout.schedule import create_schedule
+
+        h = self.h
+        before = int(event.values.get(BEFORE, event.step))
+        kept = h.run.checkpoint_steps()
+        target = h.guard.policy.target(kept, before)
+        if not h.guard.rollback_left(event.step):
+            budget = f"--max-rollbacks {h.config.health.max_rollbacks} within --health-rollback-window"
+            self.stop(event, f"no rollback left ({budget} {h.config.health.rollback_window})", before)
+        if target is None:
+            self.stop(event, f"no checkpoint at or before step {before} stayed healthy to roll back to", before)
+        h.rollouts.stop()
+        moved, aside = h.run.set_aside(target, f"rollback-at-step-{event.step}")
+        h.guard.rolled_back(target, event.step)
+        schedule = remedied_schedule(h.config.schedule, h.guard.rollbacks)
+        self.follow_remedy(target)
+        message = f"back to the checkpoint of step {target} ({event.rule} at step {event.step}); lr x{self.lr_scale:g}"
+        if schedule.mode != "off":
+            message += f", --async-mode {schedule.mode} (max staleness {schedule.staleness})"
+        if moved:
+            message += f"; the checkpoints of steps {moved} it undid are kept in {aside}"
+        values = {"to_step": float(target), "lr_scale": self.lr_scale, "max_staleness": float(schedule.staleness)}
+        self.report([Event(event.step, "rollback", event.rule, message, {**values, "set_aside": float(len(moved))})])
+        self.restore(target)
+        h.rollouts = create_schedule(schedule, h.manager)
+        h.rollouts.start(target)
+        h.evaluator.rolled_back(target)
+        return target
+
+    def stop(self, event: Event, why: str, before: int) -> None:
+        """The run ends on the best checkpoint from before the trouble (RollbackPolicy.stop_target), the newer ones
+        set aside so that a resume starts there; the stop is reported (RunStopped)."""
+        h = self.h
+        message, values = f"{event.message}; {why}", dict(event.values)
+        ending = h.guard.policy.stop_target(h.run.checkpoint_steps(), before)
+        if ending is not None:
+            h.rollouts.stop()
+            moved, aside = h.run.set_aside(ending, f"stop-at-step-{event.step}")
+            self.serve_checkpoint(ending)
+            h.run.record_final(
+                ending, f"stopped by the health guard ({event.rule} at step {event.step})", h.config.save_hf
+            )
+            message += f"; the run ends on the checkpoint of step {ending}"
+            if moved:
+                message += f" (the checkpoints of steps {moved} are kept in {aside})"
+            values["ended_on"] = float(ending)
+        self.report([Event(event.step, "stop", event.rule, message, values)])
+
+    def follow_remedy(self, step: int) -> None:
+        """The learning rate of the rollbacks still recent at `step`: lowered by each, restored as they age out of
+        --health-rollback-window."""
+        scale = lr_scale(self.h.config.health.lr_factor, self.h.guard.recent_rollbacks(step))
+        if scale != self.lr_scale:
+            if scale > self.lr_scale:
+                logger.info("step %d: a rollback is no longer recent; learning rate x%g again", step, scale)
+            self.h.group.set_lr_scale(scale)
+            self.lr_scale = scale
+
+    def end(self, steps_done: int) -> None:
+        """After the final evaluation: a run whose held-out metric declined late ends on its best evaluated
+        checkpoint (HealthGuard.end_on_best); RUN/final.json names the weights the run ended on either way. The later
+        checkpoints stay: the records and a resume with more rollouts continue from the last."""
+        h = self.h
+        event = h.guard.end_on_best(h.run.checkpoint_steps())
+        if event is None:
+            h.run.record_final(steps_done, "the last step", h.config.save_hf)
+            return
+        target = int(event.values["ended_on"])
+        self.serve_checkpoint(target)
+        h.run.record_final(target, f"the best held-out evaluation: {event.message}", h.config.save_hf)
+        self.report([event])
+
+
+def first_rollback(events: list[Event]) -> Event | None:
+    return next((event for event in events if event.action == "rollback"), None)
+
+
+def event_counts(events, guard, step: int) -> dict[str, float]:
+    """Every kind of decision of the step, counted in its record, and the rollbacks done and still recent."""
+    counts = {f"health/{action}s": float(sum(e.action == action for e in events)) for action in ACTIONS}
+    return {
+        **counts,
+        "health/rollbacks": float(guard.rollbacks),
+        "health/recent_rollbacks": guard.recent_rollbacks(step),
+    }

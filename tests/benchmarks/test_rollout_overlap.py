@@ -1,0 +1,24 @@
+"""The step-throughput benchmark drives the real driver loop (slime_search.train.run_steps) in all three modes: at its
+smallest size it runs and prints its table, so a change of the driver's interface cannot break it unseen."""
+
+import json
+
+import pytest
+
+from benchmarks import rollout_overlap
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.mark.skipif(
+    not (rollout_overlap.SHARED / "trajectories").is_dir(),
+    reason=f"needs the Search-R1 data under {rollout_overlap.SHARED}",
+)
+def test_the_benchmark_runs_every_mode_at_its_smallest_size(tmp_path, capsys):
+    out = tmp_path / "overlap.json"
+    flags = ["--prompts", "2", "--samples", "2", "--steps", "2", "--time-scale", "0.02", "--concurrency", "8"]
+    assert rollout_overlap.main([*flags, "--json", str(out)]) == 0
+    results = {r["mode"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(results) == {"off", "one-step", "fully"}
+    assert all(r["steps"] == 2 and r["trajectories_per_s"] > 0 for r in results.values())
+    assert "| fully |" in capsys.readouterr().out
