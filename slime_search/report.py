@@ -197,6 +197,26 @@ def verdict_section(events: list[dict[str, Any]]) -> str:
     return f'{line}<h2>Health events ({len(events)})</h2><table class="events">{head}{"".join(rows)}</table>'
 
 
+def checkpoints_section(run_dir: Path) -> str:
+    """The weights the run ended on (RUN/final.json) and the checkpoints rollbacks and stops set aside (never deleted
+    by the guard; only --keep-checkpoints prunes them)."""
+    import json
+
+    final = run_dir / "final.json"
+    lines = []
+    if final.is_file():
+        chosen = json.loads(final.read_text())
+        where = chosen["checkpoint"] + (f" (HF: {chosen['hf']})" if chosen.get("hf") else "")
+        lines.append(f"The run ended on the weights of step {chosen['step']}, {where}: {chosen['reason']}.")
+    aside = sorted((run_dir / "checkpoints" / "undone").glob("*/iter_*"))
+    if aside:
+        names = ", ".join(str(path.relative_to(run_dir)) for path in aside)
+        lines.append(f"Set aside by rollbacks and stops ({len(aside)}): {names}.")
+    if not lines:
+        return ""
+    return "<h2>Checkpoints</h2>" + "".join(f"<p>{html.escape(line)}</p>" for line in lines)
+
+
 def search_cost_section(records: list[dict[str, Any]]) -> str:
     """What web search cost over the run (training rollouts and evaluations): billed calls, dollars, cache hits;
     empty for a run that made no billed call."""
@@ -315,6 +335,7 @@ def render_report(run_dir: str | Path, examples_per_kind: int = 6, baseline: str
         f"<html><head><meta charset='utf-8'><title>{html.escape(run_dir.name)}</title><style>{STYLE}</style></head>"
         f"<body><h1>Run {html.escape(run_dir.name)}</h1>"
         + verdict_section(events)
+        + checkpoints_section(run_dir)
         + search_cost_section(records)
         + (
             "<h2>Health signals (guard bounds dotted red; rollbacks dashed orange; the stop dark red)</h2>"

@@ -275,3 +275,17 @@ def test_a_baseline_runs_evaluation_is_drawn_and_tabled_beside_this_one(tmp_path
     assert "--compare" in page and (run / "report" / "em.png").is_file()
     assert main([str(run), "--baseline", str(tmp_path / "absent")]) == 2
     assert "--baseline" in capsys.readouterr().err
+
+
+def test_the_report_names_the_weights_the_run_ended_on_and_what_was_set_aside(tmp_path):
+    from slime_search.run_folder import RunFolder
+
+    run = RunFolder(tmp_path / "run")
+    for step in (0, 5, 10):
+        (run.checkpoints / f"iter_{step:07d}").mkdir(parents=True)
+    (run.checkpoints / "latest_checkpointed_iteration.txt").write_text("10")
+    run.set_aside(5, "stop-at-step-12")
+    run.record_final(5, "stopped by the health guard (policy_jump at step 12)", hf=False)
+    page = render_report(run.path).read_text()
+    assert "The run ended on the weights of step 5, checkpoints/iter_0000005: stopped by the health guard" in page
+    assert "Set aside by rollbacks and stops (1): checkpoints/undone/001-stop-at-step-12/iter_0000010." in page
