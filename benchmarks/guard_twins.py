@@ -33,6 +33,7 @@ from pathlib import Path
 from benchmarks.async_modes import WIDE_EVAL, deepest_dip, health_summary, records, run_name, signed
 from benchmarks.health_replay import replay
 from slime_search.health.config import HealthConfig, add_health_arguments, health_config
+from slime_search.utils.records import read_records
 
 VERDICTS = ("false alarm", "needed", "ends on best", "missed", "quiet")
 
@@ -62,7 +63,8 @@ def verdict(rolled_back: bool, ends_on_best: bool, below: bool) -> str:
 def unguarded_run(run: Path, off_mean: float, margin: float, config: HealthConfig) -> dict:
     """One unguarded run: where it ended, how deep it dipped on the way, and what the guard would have done."""
     rows = records(run)
-    events = replay(rows, config)
+    grades = {r["step"]: r["grades"] for r in read_records(run / "eval_grades.jsonl")}
+    events = replay(rows, config, grades)
     rollback = next((e for e in events if e.action == "rollback"), None)
     ends_on_best = any(e.action == "end_on_best" for e in events)
     end = final_em(run)

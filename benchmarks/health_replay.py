@@ -19,10 +19,11 @@ from slime_search.health.guard import Event, HealthGuard
 from slime_search.utils.records import read_records
 
 
-def replay(records: list[dict], config: HealthConfig) -> list[Event]:
+def replay(records: list[dict], config: HealthConfig, grades: dict[int, list[float]] | None = None) -> list[Event]:
     """Every event the guard would have raised over these records, in order (rollbacks are decided, not done), and
-    its decision at the end of the run, taking every evaluated version as checkpointed (the guard keeps its best
-    evaluated checkpoint from pruning; with --save-interval a divisor of --eval-interval each one has one)."""
+    its decision at the end of the run, taking every evaluated version as checkpointed (with the guard on, every
+    evaluated version is). `grades`: the evaluations' per-question grades by version (RUN/eval_grades.jsonl), for the
+    paired held-out tests; without them the held-out rules judge the point estimates."""
     guard = HealthGuard(config)
     events: list[Event] = []
     evaluated = []
@@ -30,7 +31,7 @@ def replay(records: list[dict], config: HealthConfig) -> list[Event]:
         if "time/step_s" in record:
             events += guard.check_rollout(record["step"], record, {}) + guard.review(record["step"], record)
         elif "eval/score" in record:
-            events += guard.review_eval(record["step"], record)
+            events += guard.review_eval(record["step"], record, (grades or {}).get(record["step"]))
             evaluated.append(record["step"])
     end = guard.end_on_best(evaluated)
     return events if end is None else [*events, end]
@@ -49,7 +50,8 @@ def first_drop(records: list[dict], key: str, margin: float) -> int | None:
 
 def summary(run: Path, config: HealthConfig, margin: float, key: str = "eval/em") -> dict:
     records = read_records(run / "metrics.jsonl")
-    events = replay(records, config)
+    grades = {r["step"]: r["grades"] for r in read_records(run / "eval_grades.jsonl")}
+    events = replay(records, config, grades)
     evals = [(r["step"], r[key]) for r in records if key in r and "time/eval_s" in r]
     first = {action: next((e for e in events if e.action == action), None) for action in ("warn", "rollback")}
     return {

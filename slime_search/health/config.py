@@ -266,6 +266,6 @@ def health_config(args: argparse.Namespace) -> HealthConfig:
         max_rollbacks=args.max_rollbacks,
         rollback_window=args.health_rollback_window,
         lr_factor=args.health_lr_factor,
-        engine_serves_policy=args.loss_type != "sft",
-        rewards_grouped=args.loss_type != "sft",
+        engine_serves_policy=getattr(args, "loss_type", None) != "sft",  # tools that replay records give no loss
+        rewards_grouped=getattr(args, "loss_type", None) != "sft",
     )

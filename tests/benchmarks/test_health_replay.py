@@ -21,14 +21,20 @@ def test_the_guard_replayed_fires_before_the_held_out_drop(tmp_path):
     events = replay(rs, HealthConfig())
     assert [(e.step, e.action, e.rule) for e in events] == [
         (3, "rollback", "policy_jump"),
-        (4, "rollback", "eval_drop"),
+        (4, "warn", "eval_drop"),  # one held-out fall keeps its target and waits for the next evaluation
     ]
     run = tmp_path / "run-a"
     run.mkdir()
     append_records(run / "metrics.jsonl", rs)
     s = summary(run, HealthConfig(), 0.2)
     assert s["rollback"].step == 3 and s["drop_at"] == 4
-    assert row(s) == "| run-a | 0.100 / 0.600 / 0.300 | version 4 | never | step 3 (policy_jump) | +1 | 0 | last |"
+    assert row(s) == (
+        "| run-a | 0.100 / 0.600 / 0.300 | version 4 | step 4 (eval_drop) | step 3 (policy_jump) | +1 | 1 | last |"
+    )
+    # with the run's per-question grades, a fall that is within chance (10 questions, lost and won both ways) is none
+    append_records(run / "eval_grades.jsonl", [{"step": 2, "grades": [1.0] * 6 + [0.0] * 4}])
+    append_records(run / "eval_grades.jsonl", [{"step": 4, "grades": [0.0] * 6 + [1.0] * 3 + [0.0]}])
+    assert summary(run, HealthConfig(), 0.2)["warn"] is None
 
 
 def test_the_replay_ends_on_the_best_checkpoint_after_a_late_decline(tmp_path):
