@@ -9,7 +9,9 @@ Every model gets the HF checkpoint's weights, so runs on two devices compare num
 - offload: --colocate's hand-over after a step: bytes, device memory before and after, bit-exact return, and the
   next step after it;
 - gather: the weights streamed back to HF names after training, against HF's own state dict before training
-  (a weight push must send exactly what the actor holds: before any step they are the checkpoint's).
+  (a weight push must send exactly what the actor holds: before any step they are the checkpoint's);
+- attention: the packed attention (--attention-impl packed, THD) against Megatron's local attention over the packed
+  row's block-diagonal mask, same weights: logits, response log-probs and every parameter's gradient.
 """
 
 from __future__ import annotations
@@ -153,6 +155,50 @@ def check_training(checkpoint: Path, family: str, dtype, device) -> None:
     )
 
 
+def check_attention(checkpoint: Path, family: str, dtype, device) -> None:
+    """PackedAttention against the local spec's DotProductAttention on the same packed row (the four samples and a
+    padding segment): max abs differences of logits, log-probs and gradients, and the gradients' scale."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from megatron_bridge import ModelShape
+    from slime_search.backends.megatron.actor import Layout, _forward
+    from slime_search.backends.megatron.logprobs import token_log_probs
+    from slime_search.backends.megatron.loss import response_logits_and_targets
+    from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights
+    from slime_search.backends.megatron.packing import pack
+
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    shape = ModelShape.from_hf_config(hf.config)
+    samples = fixed_batch()
+    packed = pack([s.tokens for s in samples], [s.response_length for s in samples], multiple=16)
+    results = {}
+    for impl in ("local", "packed"):
+        options = ModelOptions.from_hf_config(hf.config, params_dtype=dtype, attention_impl=impl)
+        model = build_gpt_model(shape, options)
+        load_hf_weights(model, hf.state_dict(), shape, options)
+        model = model.to(device)
+        logits = _forward(model, packed, Layout.of(model))
+        rows, targets = response_logits_and_targets(logits, packed)
+        log_probs = token_log_probs(rows.float(), targets, 1.0, shape.vocab_size)
+        weights = torch.linspace(-1.0, 1.0, log_probs.numel(), device=log_probs.device)
+        (log_probs * weights).sum().backward()
+        grads = {name: param.grad.float() for name, param in model.named_parameters()}
+        results[impl] = (logits.detach().float(), log_probs.detach(), grads)
+    (logits_l, lp_l, grads_l), (logits_p, lp_p, grads_p) = results["local"], results["packed"]
+    emit(
+        {
+            "check": "attention",
+            "family": family,
+            "dtype": str(dtype),
+            "max_abs_logit_diff": (logits_p - logits_l).abs().max().item(),
+            "max_abs_log_prob_diff": (lp_p - lp_l).abs().max().item(),
+            "max_abs_grad_diff": max((grads_p[n] - g).abs().max().item() for n, g in grads_l.items()),
+            "max_abs_grad": max(g.abs().max().item() for g in grads_l.values()),
+        }
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default="qwen2,qwen3")
@@ -182,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         for family in args.families.split(","):
             checkpoint = save_tiny_checkpoint(Path(tmp) / family, TinyQwenConfig(family=family))
             for dtype in dtypes:
-                for check in (check_parity, check_training):
+                for check in (check_parity, check_training, check_attention):
                     try:
                         check(checkpoint, family, dtype, device)
                     except Exception as error:  # one broken path must not hide what the others show

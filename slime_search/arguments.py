@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from slime_search.evaluation.subsets import add_eval_subset_arguments
-from slime_search.health.config import add_health_arguments
+from slime_search.health.config import add_health_arguments, health_config
 from slime_search.rollout.schedule import ASYNC_MODES, BATCH_ORDERS
 from slime_search.search_r1.config import add_search_r1_arguments
 from slime_search.utils.flag_types import (
@@ -296,6 +296,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--bf16", action="store_true", help="bf16 parameters (GPU); fp32 otherwise")
     g.add_argument(
+        "--attention-impl",
+        choices=["auto", "te", "local", "packed"],
+        default="auto",
+        help="the actor's attention: 'te' TransformerEngine's layer spec; 'packed' Megatron's local spec attending "
+        "within each packed sample through torch's SDPA (memory linear in the packed length); 'local' Megatron's "
+        "local attention, which scores a packed row whole (quadratic); 'auto': te where TransformerEngine is "
+        "installed and CUDA present, else packed",
+    )
+    g.add_argument(
         "--recompute-granularity",
         choices=["full", "selective"],
         default=None,
@@ -415,6 +424,13 @@ def build_parser() -> argparse.ArgumentParser:
         "RUN/eval_weights, so it must see this machine's disk)",
     )
     g.add_argument(
+        "--eval-timeout",
+        type=positive_float,
+        default=3600.0,
+        help="with --eval-engine: seconds one evaluation (loading its weights included) may take; a later or failed "
+        "one is dropped and the evaluator restarted (after 3 failures in a row the run goes on without evaluation)",
+    )
+    g.add_argument(
         "--log-rollout-examples", type=non_negative_int, default=4, help="rollouts kept per step for the report"
     )
     g.add_argument("--use-wandb", action="store_true", help="also log to wandb (offline without an API key)")
@@ -476,6 +492,7 @@ def check_flags(args: argparse.Namespace) -> None:
         )
     check_recompute(args)
     check_importance_weights(args)
+    health_config(args)  # the guard's bounds that only make sense together
     if args.colocate:
         check_colocation(args)
     if args.async_mode != "off" and args.colocate:

@@ -26,6 +26,7 @@ def model_source(args: argparse.Namespace):
         "recompute_granularity": args.recompute_granularity,
         "recompute_method": args.recompute_method,
         "recompute_num_layers": args.recompute_num_layers,
+        "attention_impl": args.attention_impl,
     }
     # Given with ${MODEL_ARGS[@]}, they shape the model as they shaped a converted torch_dist checkpoint (the vocab
     # padding is the embedding's size); left out, config.json's context length and Megatron's padding of 128 apply.
@@ -180,6 +181,7 @@ class RunConfig:
     wandb: tuple[bool, str, str | None]  # MetricsSink's use_wandb, project, group
     health: HealthConfig = field(default_factory=HealthConfig)  # the health guard's rules and bounds
     eval_engine: Any = None  # RolloutManagerConfig of the engine that evaluates beside training (--eval-engine)
+    eval_timeout: float = 3600.0  # seconds one evaluation beside training may take (--eval-timeout)
 
     def eval_due(self, version: int) -> bool:
         if not self.rollout.eval_sets or not self.serves_policy:
@@ -187,7 +189,11 @@ class RunConfig:
         return version == self.num_rollout or bool(self.eval_interval and version % self.eval_interval == 0)
 
     def save_due(self, steps_done: int) -> bool:
-        return steps_done == self.num_rollout or bool(self.save_interval and steps_done % self.save_interval == 0)
+        """Every --save-interval steps and at the end; with the guard on, every evaluated version too: the guard can
+        roll back to, stop on or end on an evaluated version only when it has a checkpoint."""
+        if steps_done == self.num_rollout or bool(self.save_interval and steps_done % self.save_interval == 0):
+            return True
+        return self.health.enabled and bool(self.save_interval) and self.eval_due(steps_done)
 
 
 def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunConfig:
@@ -227,6 +233,7 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
         wandb=(args.use_wandb, args.wandb_project, args.wandb_group),
         health=health_config(args),
         eval_engine=eval_engine_config(args, engines) if args.eval_engine else None,
+        eval_timeout=args.eval_timeout,
     )
 
 

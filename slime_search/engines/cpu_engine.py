@@ -91,10 +91,14 @@ class CpuEngine:
         seed: int = 0,
         weight_version: str = "default",
         faults: InjectedFaults = InjectedFaults(),  # noqa: B008 - a frozen dataclass
+        device: str = "cpu",
     ):
+        """`device`: where the model runs ("cuda" puts the stand-in next to a GPU actor); sampling stays on the CPU
+        generator, so a seed draws the same tokens from the same logits on either device."""
         from transformers import AutoTokenizer
 
         self.model_path = str(model_path)
+        self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.model = self._load_model(self.model_path)
         self.generator = torch.Generator().manual_seed(seed)
@@ -109,11 +113,10 @@ class CpuEngine:
         self.stale: set[str] = set()  # weights resumed but not updated since (their values are undefined)
         self.faults = faults
 
-    @staticmethod
-    def _load_model(path: str):
+    def _load_model(self, path: str):
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device).eval()
 
     def _eos_ids(self) -> set[int]:
         ids = set()
@@ -178,7 +181,7 @@ class CpuEngine:
         tags = self._check_tags(tags)
         if "weights" in tags and "weights" in self.released:
             for name, param in self.model.named_parameters():
-                param.data = torch.zeros(self._shapes[name], dtype=param.dtype)
+                param.data = torch.zeros(self._shapes[name], dtype=param.dtype, device=self.device)
             self.stale = set(self._shapes)
         self.released -= tags
 
@@ -266,6 +269,11 @@ class CpuEngine:
         top_p = torch.tensor([r.params.top_p for r in requests], dtype=torch.float32)
         top_k = torch.tensor([r.params.top_k for r in requests], dtype=torch.long)
 
+        input_ids, attention, positions = (
+            input_ids.to(self.device),
+            attention.to(self.device),
+            positions.to(self.device),
+        )
         cache = DynamicCache()
         out = self.model(
             input_ids=input_ids,
@@ -276,7 +284,7 @@ class CpuEngine:
             logits_to_keep=1,
         )
         while any(active):
-            tokens, log_probs = sample_tokens(out.logits[:, -1], temperature, top_p, top_k, self.generator)
+            tokens, log_probs = sample_tokens(out.logits[:, -1].cpu(), temperature, top_p, top_k, self.generator)
             for row, request in enumerate(requests):
                 if active[row]:
                     active[row] = self._append(request, results[row], int(tokens[row]), float(log_probs[row]))
@@ -287,12 +295,12 @@ class CpuEngine:
                     if active[row]:
                         self._retract(results[row])
                 break
-            attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long)], dim=1)
+            attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long, device=self.device)], dim=1)
             positions = positions[:, -1:] + 1
             if self.faults.decode_delay_s:
                 time.sleep(self.faults.decode_delay_s)
             out = self.model(
-                input_ids=tokens.unsqueeze(-1),
+                input_ids=tokens.unsqueeze(-1).to(self.device),
                 attention_mask=attention,
                 position_ids=positions,
                 past_key_values=cache,

@@ -486,6 +486,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weight-version", default="default", help="the version served before any update (SGLang's)")
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="where the model runs: cpu, or cuda beside a GPU actor")
     faults = parser.add_argument_group("injected faults (for measuring what a training run does about them)")
     faults.add_argument(
         "--decode-delay-ms", type=float, default=0.0, help="sleep this long in every decode step (a slow engine)"
@@ -512,7 +513,9 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.num_threads)
     try:
         faults = InjectedFaults(args.decode_delay_ms / 1000.0, args.freeze_weights_after)
-        engine = CpuEngine(args.model_path, seed=args.seed, weight_version=args.weight_version, faults=faults)
+        engine = CpuEngine(
+            args.model_path, seed=args.seed, weight_version=args.weight_version, faults=faults, device=args.device
+        )
     except OSError as err:
         print(f"error: cannot load a model from {args.model_path}: {err}", file=sys.stderr)
         return 2

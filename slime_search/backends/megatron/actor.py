@@ -48,18 +48,19 @@ class Layout:
     """How a model takes a packed micro-batch, fixed when the model is built."""
 
     device: torch.device
-    thd: bool  # TransformerEngine attention: packed sequences as THD (cumulative lengths), else an explicit mask
+    thd: bool  # packed sequences as THD (cumulative lengths), else the row's block-diagonal mask
     multiple: int  # the packed row's length must divide by this (sequence parallelism splits it over TP ranks)
 
     @classmethod
     def of(cls, model) -> Layout:
-        """`model`: the GPTModel (not its DDP wrapper). The local layer spec (CPU, or a GPU without TransformerEngine)
-        takes only the block-diagonal causal mask: Megatron's local attention refuses packed sequence parameters."""
-        from slime_search.backends.megatron.model import uses_te_names
+        """`model`: the GPTModel (not its DDP wrapper). TransformerEngine's attention and PackedAttention take THD;
+        Megatron's own local attention (--attention-impl local) refuses packed sequence parameters and takes only the
+        block-diagonal causal mask."""
+        from slime_search.backends.megatron.model import takes_packed_sequences
 
         config = model.config
         multiple = config.tensor_model_parallel_size if config.sequence_parallel else 1
-        return cls(next(model.parameters()).device, uses_te_names(model), multiple)
+        return cls(next(model.parameters()).device, takes_packed_sequences(model), multiple)
 
 
 def _forward(model, packed: PackedBatch, layout: Layout) -> torch.Tensor:

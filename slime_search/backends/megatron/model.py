@@ -17,7 +17,10 @@ class ModelOptions:
     rms_norm_eps: float = 1e-6
     params_dtype: torch.dtype = torch.float32
     sequence_parallel: bool = False
-    use_te: bool | None = None  # None: TransformerEngine spec when importable and CUDA is present
+    # the attention of each layer (--attention-impl): "te" TransformerEngine's layer spec, "local" Megatron's local
+    # spec as it is (its attention scores a packed row whole), "packed" the local spec with PackedAttention;
+    # "auto": TransformerEngine where it is importable and CUDA is present, else "packed"
+    attention_impl: str = "auto"
     # Megatron activation recomputation (--recompute-granularity full|selective, --recompute-method,
     # --recompute-num-layers): activations recomputed in the backward pass instead of kept
     recompute_granularity: str | None = None
@@ -35,6 +38,9 @@ class ModelOptions:
             "rms_norm_eps": float(config.rms_norm_eps),
         }
         return cls(**{**from_config, **overrides})
+
+
+ATTENTION_IMPLS = ("auto", "te", "local", "packed")
 
 
 def te_available() -> bool:
@@ -104,12 +110,15 @@ def build_gpt_model(shape: ModelShape, options: ModelOptions):
         get_gpt_layer_with_transformer_engine_spec,
     )
 
-    use_te = te_available() if options.use_te is None else options.use_te
-    spec = (
-        get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.qk_norm)
-        if use_te
-        else get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
-    )
+    impl = resolve_attention_impl(options.attention_impl)
+    if impl == "te":
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.qk_norm)
+    else:
+        spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
+    if impl == "packed":
+        from slime_search.backends.megatron.packed_attention import PackedAttention
+
+        spec.submodules.self_attention.submodules.core_attention = PackedAttention
     return GPTModel(
         config=transformer_config(shape, options),
         transformer_layer_spec=spec,
@@ -121,6 +130,24 @@ def build_gpt_model(shape: ModelShape, options: ModelOptions):
         pre_process=True,
         post_process=True,
     )
+
+
+def resolve_attention_impl(name: str) -> str:
+    """The attention `name` (an ATTENTION_IMPLS entry) builds on this machine: "auto" is TransformerEngine when it can
+    run, else the packed attention."""
+    if name not in ATTENTION_IMPLS:
+        raise ValueError(f"unknown attention implementation {name!r}: one of {', '.join(ATTENTION_IMPLS)}")
+    if name == "auto":
+        return "te" if te_available() else "packed"
+    return name
+
+
+def takes_packed_sequences(model) -> bool:
+    """Whether the model's attention takes a packed row as THD (cumulative sample lengths) rather than as the row's
+    block-diagonal mask: TransformerEngine's attention and PackedAttention do, Megatron's local attention does not."""
+    from slime_search.backends.megatron.packed_attention import PackedAttention
+
+    return uses_te_names(model) or any(isinstance(module, PackedAttention) for module in model.modules())
 
 
 def uses_te_names(model) -> bool:

@@ -1,0 +1,68 @@
+"""`python -m benchmarks.gpu_kit --cpu`: the GPU kit's three parts on the tiny model on CPU, so the kit cannot rot
+before the next GPU machine runs it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.gpu_kit import run_part
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_kit_runs_every_part_on_cpu_and_writes_its_tables(tmp_path):
+    out = tmp_path / "kit"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_kit", "--cpu", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        check=False,
+    )
+    report = json.loads((out / "gpu_kit.json").read_text())
+    parts = {p["part"]: p for p in report["parts"]}
+    assert {name: p["returncode"] for name, p in parts.items()} == dict.fromkeys(
+        ("checks", "step_packed", "step_local", "loop"), 0
+    ), done.stdout[-3000:]
+    assert done.returncode == 0
+
+    # (a) the actor against HF on the device: every check ran, none failed
+    checks = {r["check"]: r for r in parts["checks"]["records"]}
+    assert {"environment", "parity", "log_probs", "train", "gather", "attention"} <= checks.keys()
+    assert not [r for r in parts["checks"]["records"] if "error" in r]
+    assert checks["parity"]["max_abs_logit_diff"] < 1e-4 and checks["log_probs"]["max_abs_diff_vs_hf"] < 1e-4
+    attention = checks["attention"]  # the packed attention against the local one, fp32
+    assert max(attention[k] for k in ("max_abs_logit_diff", "max_abs_log_prob_diff", "max_abs_grad_diff")) < 1e-5
+
+    # (b) both attentions at the three budgets, from the same weights: the same first step
+    steps = [r for name in ("step_packed", "step_local") for r in parts[name]["records"]]
+    assert [(r["attention_impl"], r["tokens_per_micro_batch"]) for r in steps] == [
+        (impl, budget) for impl in ("packed", "local") for budget in (64, 128, 256)
+    ]
+    assert all(r["step_s"] > 0 and r["tokens_per_s"] > 0 and r["peak_memory_gib"] > 0 for r in steps)
+    packed_first, local_first = steps[0]["first_step"], steps[3]["first_step"]
+    assert packed_first["loss"] == pytest.approx(local_first["loss"], rel=1e-5, abs=1e-7)
+    assert packed_first["grad_norm"] == pytest.approx(local_first["grad_norm"], rel=1e-5)
+
+    # (c) the loop: each push served, each rollout sampled by the previous push, trainer and engine agree
+    loop = parts["loop"]["records"]
+    assert [r["weight_version"] for r in loop] == ["1", "2", "3"]
+    assert [r["rollout/weight_version"] for r in loop] == [["0"], ["1"], ["2"]]
+    assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-4 for r in loop)
+    assert all(r["time/sync_s"] > 0 for r in loop)
+
+    table = (out / "gpu_kit.md").read_text()
+    for heading in ("(a) the actor against Hugging Face", "(b) a train step", "(c) the loop"):
+        assert heading in table
+
+
+def test_a_part_that_fails_or_overruns_is_recorded_not_raised():
+    missing = run_part("missing", ["benchmarks.no_such_module"], timeout_s=60)
+    assert missing["returncode"] == 1 and missing["records"] == []
+    assert "No module named benchmarks.no_such_module" in missing["log_tail"]
+    overrun = run_part("overrun", ["benchmarks.gpu_kit_step", "--attention-impl", "packed", "--cpu"], timeout_s=1)
+    assert overrun["returncode"] == "timeout" and overrun["seconds"] < 30
+    helped = run_part("help", ["benchmarks.gpu_kit_step", "--help"], timeout_s=60)
+    assert helped["returncode"] == 0 and helped["log_tail"] == ""
