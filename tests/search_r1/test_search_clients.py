@@ -21,6 +21,7 @@ from slime_search.search_r1.search_clients import (
 from slime_search.utils.server_process import ServerProcess
 from tests.conftest import REPO_ROOT
 from tests.retriever_helpers import write_tiny_corpus
+from tests.search_r1.conftest import SERPER_KEY
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -154,15 +155,7 @@ def test_a_search_that_gets_no_answer_fails_at_its_deadline():
     assert isinstance(outcome, SearchError)
 
 
-KEY = "test-secret-key-123"
-
-
-@pytest.fixture(scope="module")
-def serper():
-    with ServerProcess(
-        [str(REPO_ROOT / "tests" / "search_r1" / "serper_standin.py"), "--port", "0", "--api-key", KEY]
-    ) as server:
-        yield server
+KEY = SERPER_KEY  # the key the shared stand-in accepts (conftest.py)
 
 
 def serper_config(server, **overrides):

@@ -23,11 +23,11 @@ from slime_search.search_r1.search_clients import (
 )
 from slime_search.search_r1.serper_budget import BudgetSpent, SerperBudget, SpendLedger
 from slime_search.utils.server_process import ServerProcess
-from tests.conftest import REPO_ROOT
 from tests.retriever_helpers import write_tiny_corpus
+from tests.search_r1.conftest import SERPER_KEY
 
 pytestmark = pytest.mark.timeout(300)
-KEY = "budget-test-key"
+KEY = SERPER_KEY  # the key the shared stand-in accepts (conftest.py)
 
 
 def test_retries_wait_at_least_the_servers_retry_after_and_stop_at_the_window():
@@ -96,14 +96,6 @@ def test_a_search_rides_out_a_retriever_restart_within_its_retry_window(bm25_ind
     assert outcome[0]["document"]["contents"].startswith('"Red Walrus"') and seconds >= 3.5
     short, seconds = search_during_restart(bm25_index, 3.5, retry_window_s=1.0)  # a window shorter than the restart
     assert isinstance(short, SearchError) and "attempts over" in str(short) and seconds < 3.5
-
-
-@pytest.fixture(scope="module")
-def serper():
-    with ServerProcess(
-        [str(REPO_ROOT / "tests" / "search_r1" / "serper_standin.py"), "--port", "0", "--api-key", KEY]
-    ) as server:
-        yield server
 
 
 def calls_of(server, query: str) -> int:

@@ -21,19 +21,10 @@ from slime_search.search_r1.serper_budget import (
     unreliable_lock_mount,
 )
 from slime_search.utils.net import free_port
-from slime_search.utils.server_process import ServerProcess
-from tests.conftest import REPO_ROOT
+from tests.search_r1.conftest import SERPER_KEY
 
 pytestmark = pytest.mark.timeout(300)
-KEY = "spend-test-key"
-
-
-@pytest.fixture(scope="module")
-def serper():
-    with ServerProcess(
-        [str(REPO_ROOT / "tests" / "search_r1" / "serper_standin.py"), "--port", "0", "--api-key", KEY]
-    ) as server:
-        yield server
+KEY = SERPER_KEY  # the key the shared stand-in accepts (conftest.py)
 
 
 @pytest.fixture
