@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from slime_search.evaluation.flags import add_evaluation_arguments
 from slime_search.evaluation.subsets import add_eval_subset_arguments
 from slime_search.health.config import add_health_arguments, health_config
 from slime_search.rollout.schedule import ASYNC_MODES, BATCH_ORDERS
@@ -402,34 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(admission: no bias towards short trajectories, at the cost of waiting for slow ones)",
     )
     add_training_arguments(parser)
-    g = parser.add_argument_group("evaluation and logging")
-    g.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH", help="pairs of name and path")
-    g.add_argument(
-        "--eval-interval",
-        type=non_negative_int,
-        default=0,
-        help="evaluate every N steps, and the start weights before the first (0: only at the end)",
-    )
-    g.add_argument(
-        "--eval-engine",
-        action="store_true",
-        help="evaluate beside training, not inside the step: an engine of its own (a CPU engine server on a CPU "
-        "machine, one SGLang engine of --rollout-num-gpus-per-engine spare GPUs on GPU) loads each eval-due version "
-        "from an HF folder and is evaluated while training goes on; each result is recorded under its version",
-    )
-    g.add_argument(
-        "--eval-engine-url",
-        default=None,
-        help="with --eval-engine: an engine already running at this address evaluates (it loads each version from "
-        "RUN/eval_weights, so it must see this machine's disk)",
-    )
-    g.add_argument(
-        "--eval-timeout",
-        type=positive_float,
-        default=3600.0,
-        help="with --eval-engine: seconds one evaluation (loading its weights included) may take; a later or failed "
-        "one is dropped and the evaluator restarted (after 3 failures in a row the run goes on without evaluation)",
-    )
+    add_evaluation_arguments(parser)
+    g = parser.add_argument_group("logging")
     g.add_argument(
         "--log-rollout-examples", type=non_negative_int, default=4, help="rollouts kept per step for the report"
     )

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks.gpu_kit import run_part
+from benchmarks.gpu_kit import plan, run_part
 
 
 @pytest.mark.slow
@@ -56,6 +56,16 @@ def test_the_kit_runs_every_part_on_cpu_and_writes_its_tables(tmp_path):
     table = (out / "gpu_kit.md").read_text()
     for heading in ("(a) the actor against Hugging Face", "(b) a train step", "(c) the loop"):
         assert heading in table
+
+
+def test_the_kit_runs_its_step_and_loop_modules_as_its_parts():
+    modules = {name: argv[0] for name, argv, _ in plan(cpu=True, budgets=None, skip=set())}
+    assert modules == {
+        "checks": "benchmarks.megatron_gpu_checks",
+        "step_packed": "benchmarks.gpu_kit_step",
+        "step_local": "benchmarks.gpu_kit_step",
+        "loop": "benchmarks.gpu_kit_loop",
+    }
 
 
 def test_a_part_that_fails_or_overruns_is_recorded_not_raised():
