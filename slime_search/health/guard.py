@@ -42,7 +42,7 @@ from slime_search.health.policy import RollbackPolicy, Timeline
 
 ACTIONS = ("warn", "refuse", "skip", "repush", "rollback", "stop", "end_on_best")
 MIN_NORMS = 3  # applied steps before a gradient-norm spike can be judged
-LENGTH_RULES = ("length_blowup", "truncation")  # escalate only with the reward down too
+LENGTH_RULES = ("length_blowup", "truncation")  # a sign of trouble only with the reward down too
 ENGINE_RULES = ("logprob_gap", "is_weight_tail")  # compare the trainer with the engine that sampled
 BEFORE = (
     "roll_back_before"  # a rollback event's value: the trouble began after this step; the target is at or before it
@@ -300,9 +300,13 @@ class HealthGuard:
         c = self.config
         events = []
 
+        reward_down = self._reward_down(metrics)
+
         def warn(rule: str, message: str, **values: float) -> None:
             if rule in ENGINE_RULES and not c.engine_serves_policy:
                 return  # a demonstrator engine is another model: the gap and the weights measure that, not a fault
+            if rule in LENGTH_RULES and not reward_down:
+                return  # longer answers with the reward up are a policy that learns to search more: nothing to act on
             events.append(Event(step, "warn", rule, f"step {step}: {message}", values))
 
         entropy, start = _num(metrics, "train/entropy"), self._baseline("train/entropy")

@@ -59,15 +59,16 @@ def test_a_lasting_rise_of_the_gradient_norm_becomes_the_new_level_instead_of_st
 
 
 def test_a_length_warning_that_cannot_escalate_does_not_block_confirmation():
-    """A policy that learns to search writes longer answers while its reward rises: the truncation warning stays a
-    warning and the checkpoints after it can still be confirmed as rollback targets."""
+    """A policy that learns to search writes longer answers while its reward rises: the truncation rule stays silent
+    then, and when the reward dips for a while without a rollback, its warning does not keep the checkpoints after
+    it from being confirmed once the reward is back up."""
     guard = HealthGuard(HealthConfig(confirm_steps=3, truncation_rise=0.3))
     for step in range(12):
         truncation = 0.1 if step < 4 else 0.6
         events = guard.review(
             step, step_record(step, reward=0.2 + 0.05 * step, **{"rollout/truncation_rate": truncation})
         )
-        assert [e.rule for e in events] == ([] if step < 4 else ["truncation"])
+        assert events == []
     assert guard.policy.target([0, 4, 8], before=12) == 8
 
 
