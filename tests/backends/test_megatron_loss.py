@@ -273,13 +273,14 @@ def test_a_bf16_model_gets_megatrons_mixed_precision_optimizer():
 
 
 class FakeModel:
-    """What Layout reads of a GPTModel: its config, a parameter, its state-dict names."""
+    """What Layout reads of a GPTModel: its config, a parameter, its state-dict names, its modules."""
 
-    def __init__(self, names: list[str], tp: int, sequence_parallel: bool):
+    def __init__(self, names: list[str], tp: int, sequence_parallel: bool, modules: tuple = ()):
         from types import SimpleNamespace
 
         self.config = SimpleNamespace(tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel)
         self.names = names
+        self.submodules = modules
 
     def parameters(self):
         return iter([torch.zeros(1)])
@@ -287,15 +288,23 @@ class FakeModel:
     def state_dict(self):
         return dict.fromkeys(self.names)
 
+    def modules(self):
+        return iter(self.submodules)
 
-def test_layout_uses_thd_only_with_transformer_engine_and_pads_only_for_sequence_parallel():
+
+def test_layout_uses_thd_only_with_a_packed_attention_and_pads_only_for_sequence_parallel():
     from slime_search.backends.megatron.actor import Layout
+    from slime_search.backends.megatron.packed_attention import PackedAttention
 
     te = ["decoder.layers.0.self_attention.linear_qkv.layer_norm_weight"]
     local = ["decoder.layers.0.input_layernorm.weight"]
     assert Layout.of(FakeModel(te, tp=2, sequence_parallel=True)) == Layout(torch.device("cpu"), True, 2)
-    # the local spec (CPU, or a GPU without TransformerEngine) refuses packed sequence parameters: the mask path
+    # Megatron's local attention refuses packed sequence parameters: the mask path
     assert Layout.of(FakeModel(local, tp=2, sequence_parallel=False)) == Layout(torch.device("cpu"), False, 1)
+    # the local spec with the packed attention (the default without TransformerEngine) takes them
+    packed = PackedAttention.__new__(PackedAttention)  # the layout asks its type only
+    with_packed = FakeModel(local, tp=2, sequence_parallel=False, modules=(packed,))
+    assert Layout.of(with_packed) == Layout(torch.device("cpu"), True, 1)
 
 
 def test_health_metrics_of_the_loss_split_clipping_and_truncation():
