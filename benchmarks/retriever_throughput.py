@@ -1,12 +1,22 @@
-"""Load benchmark of the retrieval server with real Search-R1 queries.
+"""Load benchmark of the retrieval server with real Search-R1 queries, alone or beside Search-R1's own server.
 
     python -m benchmarks.retriever_throughput --index-path IDX/minilm_Flat.index --corpus-path CORPUS.jsonl \
         --queries-from ../shared/data/trajectories --num-queries 1000 --topk 3
+    python -m benchmarks.retriever_throughput --index-path IDX/minilm_Flat.index --corpus-path CORPUS.jsonl \
+        --search-r1-server SEARCH_R1/search_r1/search/retrieval_server.py --rounds 3
 
 Launches the server (cache off, so repeated scenarios measure search, not the cache) on a free 127.0.0.1 port,
 or targets a running one with --url. Scenarios: 1 client, N concurrent single-query clients, batched requests,
 and a robustness run of many requests at high concurrency with malformed ones mixed in. Prints queries/s,
 p50/p99 latency and errors per scenario, and how many top-k lists equal an exact in-process search.
+
+With --search-r1-server (the file from a Search-R1 checkout), both servers are up at once on the same index and
+corpus, and each round drives one, then the other (the order alternates), with the same 1-client and N-client
+scenarios and the same queries. Their server runs as its __main__ sets it up (the model and batches moved to
+CUDA, which on a machine without one is left on CPU), on the same kind of 127.0.0.1 socket as ours and with its
+request log at warning level like ours. Prints each round's figures per server, the ratios, and whether the
+top-1 of each query under N-client load is the same on both (a different one counts as a floating-point near-tie
+when the exact in-process search scores the two within NEAR_TIE of each other).
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
 import statistics
@@ -22,6 +33,8 @@ import time
 from pathlib import Path
 
 from slime_search.metrics import percentile
+
+NEAR_TIE = 1e-4  # two cosine scores this close may swap places between two float32 encoders
 
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 # Refused with a 4xx: not the API's shape, or not JSON the parser takes (nesting deeper than it recurses, an
@@ -91,9 +104,10 @@ async def run_requests(url: str, bodies: list, concurrency: int) -> dict:
     return {"elapsed": elapsed, "latencies": latencies, "statuses": statuses, "results": results}
 
 
-def report(name: str, run: dict, n_queries: int) -> dict:
+def report(name: str, run: dict, n_queries: int, server: str | None = None) -> dict:
     ok = sum(1 for s in run["statuses"] if s == 200)
     line = {
+        **({"server": server} if server else {}),
         "scenario": name,
         "requests": len(run["statuses"]),
         "queries_per_s": round(n_queries / run["elapsed"], 1),
@@ -106,16 +120,23 @@ def report(name: str, run: dict, n_queries: int) -> dict:
     return line
 
 
-def exact_top_ids(args, queries: list[str], topk: int) -> list[list[str]]:
-    """The same index and encoder searched in this process, one batch: the reference answer."""
+def exact_hits(args, queries: list[str], topk: int) -> list[list[tuple[str, float]]]:
+    """The same index and encoder searched in this process, one batch: the reference answer, (id, score) per hit."""
     from local_dense_retriever.corpus import Corpus
     from local_dense_retriever.index import DenseRetriever, encoder_config_from_meta, read_meta
 
     path = Path(args.index_path)
     retriever = DenseRetriever(path, encoder_config_from_meta(read_meta(path), model_path=args.retriever_model))
     corpus = Corpus(args.corpus_path)
-    rows, _ = retriever.search(queries, topk)
-    return [[corpus[int(r)]["id"] for r in row if r >= 0] for row in rows]
+    rows, scores = retriever.search(queries, topk)
+    return [
+        [(corpus[int(r)]["id"], float(s)) for r, s in zip(row, score, strict=True) if r >= 0]
+        for row, score in zip(rows, scores, strict=True)
+    ]
+
+
+def exact_top_ids(args, queries: list[str], topk: int) -> list[list[str]]:
+    return [[doc_id for doc_id, _ in hits] for hits in exact_hits(args, queries, topk)]
 
 
 def ids_of(result) -> list[str]:
@@ -168,6 +189,117 @@ async def robustness(args, url: str, single: list[dict]) -> dict:
     return line
 
 
+def top1_agreement(exact: list, ours: list, theirs: list) -> dict:
+    """How many queries got the same top-1 from both servers; a different one is a near-tie when the exact search
+    scores the two documents within NEAR_TIE of each other, a real difference otherwise."""
+    counts = {"same": 0, "near_ties": 0, "different": 0, "unanswered": 0}
+    for reference, a, b in zip(exact, ours, theirs, strict=True):  # a, b: a one-query request's result
+        if not a or not a[0] or not b or not b[0]:
+            counts["unanswered"] += 1
+            continue
+        first_a, first_b = a[0][0]["document"]["id"], b[0][0]["document"]["id"]
+        scores = dict(reference)
+        if first_a == first_b:
+            counts["same"] += 1
+        elif first_a in scores and first_b in scores and abs(scores[first_a] - scores[first_b]) <= NEAR_TIE:
+            counts["near_ties"] += 1
+        else:
+            counts["different"] += 1
+    return counts
+
+
+async def one_round(url: str, single: list[dict], args, server: str) -> tuple[dict, dict, list]:
+    """The two compared scenarios on one server: its 1-client line, its N-client line and the N-client answers."""
+    run = await run_requests(url, single[: args.single_client_queries], 1)
+    alone = report("1 client, 1 query/request", run, args.single_client_queries, server)
+    run = await run_requests(url, single, args.concurrency)
+    loaded = report(f"{args.concurrency} clients, 1 query/request", run, len(single), server)
+    return alone, loaded, run["results"]
+
+
+def side_by_side(args, queries: list[str], ours_args: list[str]) -> int:
+    """Both servers up at once; each round drives one and then the other with the same requests."""
+    from local_dense_retriever.index import encoder_config_from_meta, read_meta
+    from local_dense_retriever.launch import RetrievalServerProcess
+    from slime_search.utils.server_process import ServerProcess
+
+    model = args.retriever_model or encoder_config_from_meta(read_meta(Path(args.index_path))).model_path
+    theirs_argv = ["-m", "benchmarks.retriever_throughput", "--serve-search-r1", args.search_r1_server]
+    theirs_argv += ["--index-path", args.index_path, "--corpus-path", args.corpus_path, "--retriever-model", model]
+    root = str(Path(__file__).resolve().parents[1])
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    # with scores, as Search-R1's rollouts ask (its server answers nothing else: without them its handler fails)
+    single = [{"queries": [q], "topk": args.topk, "return_scores": True} for q in queries]
+    with (
+        RetrievalServerProcess(*ours_args) as ours,
+        ServerProcess(theirs_argv, health_path="/docs", timeout=600, env=env) as theirs,
+    ):
+        servers = {"ours": ours.url, "search-r1": theirs.url}
+        answers: dict[str, list] = {}
+        for number in range(args.rounds):
+            order = list(servers) if number % 2 == 0 else list(reversed(servers))
+            lines = {}
+            for name in order:
+                alone, loaded, results = asyncio.run(one_round(servers[name], single, args, name))
+                lines[name] = (alone, loaded)
+                answers.setdefault(name, results)  # the first round's answers are compared below
+            (ours_alone, ours_loaded), (their_alone, their_loaded) = lines["ours"], lines["search-r1"]
+            print(json.dumps({
+                "round": number + 1,
+                "order": order,
+                f"{args.concurrency}_clients_qps_ratio": round(ours_loaded["queries_per_s"] / their_loaded["queries_per_s"], 2),
+                f"ours_{args.concurrency}_clients_p99_ms": ours_loaded["p99_ms"],
+                "1_client_p50_ratio": round(their_alone["p50_ms"] / ours_alone["p50_ms"], 2),
+                "1_client_qps_ratio": round(ours_alone["queries_per_s"] / their_alone["queries_per_s"], 2),
+            }), flush=True)  # fmt: skip
+        exact = exact_hits(args, queries, args.topk)
+        counts = top1_agreement(exact, answers["ours"], answers["search-r1"])
+        print(json.dumps({"check": f"top-1 under {args.concurrency}-client load, ours vs search-r1", **counts}))
+        same = sum(
+            1
+            for r, e in zip(answers["ours"], exact, strict=True)
+            if r and [hit["document"]["id"] for hit in r[0]] == [i for i, _ in e]
+        )
+        print(json.dumps({"check": f"ours: top-{args.topk} identical to exact in-process search", "same": same}))
+        print(json.dumps({"servers_alive_at_end": [ours.proc.poll() is None, theirs.proc.poll() is None]}))
+    return 0
+
+
+def serve_search_r1(args) -> int:
+    """Search-R1's retrieval_server.py as its __main__ sets it up (dense, mean pooling, max length 256, batches of
+    512, fp16 on GPU only), on a free 127.0.0.1 port announced as our servers announce theirs."""
+    import importlib.util
+
+    import torch
+    import uvicorn
+
+    from slime_search.utils.net import listen_socket
+
+    if not torch.cuda.is_available():  # their encoder calls .cuda() on the model and every batch
+        torch.nn.Module.cuda = lambda self, device=None: self
+        torch.Tensor.cuda = lambda self, *a, **k: self
+    spec = importlib.util.spec_from_file_location("search_r1_retrieval_server", args.serve_search_r1)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.config = module.Config(
+        retrieval_method=args.retriever_name,
+        index_path=args.index_path,
+        corpus_path=args.corpus_path,
+        retrieval_topk=args.topk,
+        faiss_gpu=False,
+        retrieval_model_path=args.retriever_model,
+        retrieval_pooling_method="mean",
+        retrieval_query_max_length=256,
+        retrieval_use_fp16=torch.cuda.is_available(),
+        retrieval_batch_size=512,
+    )
+    module.retriever = module.get_retriever(module.config)
+    sock = listen_socket("127.0.0.1", 0)
+    print(f"serving on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    asyncio.run(uvicorn.Server(uvicorn.Config(module.app, log_level="warning")).serve(sockets=[sock]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a running server; otherwise one is launched from the index flags")
@@ -183,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--robust-requests", type=int, default=10_000)
     parser.add_argument("--robust-concurrency", type=int, default=512)
+    parser.add_argument("--search-r1-server", help="Search-R1's search_r1/search/retrieval_server.py: run beside it")
+    parser.add_argument("--rounds", type=int, default=3, help="side-by-side rounds (with --search-r1-server)")
+    parser.add_argument("--serve-search-r1", help=argparse.SUPPRESS)  # the child that serves theirs
     args = parser.parse_args(argv)
+    if args.serve_search_r1:
+        return serve_search_r1(args)
     queries = load_queries(Path(args.queries_from), args.num_queries)
     if args.url:
         asyncio.run(scenarios(args, args.url, queries))
@@ -196,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     server_args += ["--retriever-name", args.retriever_name]
     if args.retriever_model:
         server_args += ["--retriever-model", args.retriever_model]
+    if args.search_r1_server:
+        return side_by_side(args, queries, server_args)
     with RetrievalServerProcess(*server_args) as server:
         process = psutil.Process(server.proc.pid)
         rss = [process.memory_info().rss >> 20]

@@ -155,9 +155,10 @@ def take_fair_slices(waiting: deque[PendingRequest], budget: int, short_budget: 
 class MicroBatcher:
     """Query batches for the retriever's one worker thread, shared fairly among concurrent requests.
 
-    A batch closes when `max_batch_size` queries are waiting or `max_wait_s` has passed since it began to fill; it
-    takes an equal share from every waiting request (take_fair_slices). At most `max_pending` queries wait at once:
-    beyond that a request is refused with Overloaded (503 + Retry-After) instead of growing the queue without bound.
+    A batch closes when `max_batch_size` queries are waiting or `max_wait_s` has passed since it began to fill (at
+    once when the last batch served a single request); it takes an equal share from every waiting request
+    (take_fair_slices). At most `max_pending` queries wait at once: beyond that a request is refused with Overloaded
+    (503 + Retry-After) instead of growing the queue without bound.
     """
 
     def __init__(
@@ -178,6 +179,7 @@ class MicroBatcher:
         self._queries_per_s = 0.0  # a moving estimate, for Retry-After
         self._small_at = float("-inf")  # when a request was last answered by a single batch
         self._seconds_per_query: float | None = None  # a moving estimate from batches of MEASURED_BATCH or more
+        self._last_batch_requests = 0  # how many requests the last batch answered from
 
     @property
     def queue_depth(self) -> int:
@@ -219,7 +221,10 @@ class MicroBatcher:
             self._arrived.clear()
             await self._arrived.wait()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.max_wait_s
+        # Waiting for company pays only while requests come together: when the last batch served a single request
+        # (a lone client), the wait would be all of its cost.
+        wait_s = self.max_wait_s if self._last_batch_requests > 1 else 0.0
+        deadline = loop.time() + wait_s
         while sum(r.unbatched for r in self.waiting) < self.max_batch_size:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -245,6 +250,7 @@ class MicroBatcher:
         return await asyncio.get_running_loop().run_in_executor(self.executor, run_search, self.search, queries, topk)
 
     async def _process(self, slices: list[Slice]) -> None:
+        self._last_batch_requests = len(slices)
         queries = [q for request, start, end in slices for q in request.queries[start:end]]
         topk = max(request.topk for request, _, _ in slices)
         began = time.perf_counter()

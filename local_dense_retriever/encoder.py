@@ -50,6 +50,23 @@ def add_prefix(texts: list[str], family: str, is_query: bool) -> list[str]:
     return list(texts)
 
 
+def length_batches(lengths: list[int], batch_size: int) -> list[np.ndarray]:
+    """Row numbers in batches of texts of nearly one token count (at most an eighth, or one token, longer than the
+    batch's shortest), at most `batch_size` each. Padding to the longest text of a batch is wasted compute: batches
+    of 64 of 256 real Search-R1 queries sorted by characters were 36% padding, sorted by tokens 23%."""
+    order = np.argsort(lengths, kind="stable")
+    batches, start = [], 0
+    for end in range(1, len(order) + 1):
+        if end == len(order) or end - start == batch_size or lengths[order[end]] > _widest(lengths[order[start]]):
+            batches.append(order[start:end])
+            start = end
+    return batches
+
+
+def _widest(shortest: int) -> int:
+    return shortest + max(1, shortest // 8)
+
+
 class Encoder:
     """A Hugging Face encoder; returns L2-normalised float32 embeddings, so inner product = cosine."""
 
@@ -74,14 +91,9 @@ class Encoder:
 
         texts = add_prefix(texts, self.family, is_query)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        # Batch texts of similar length together: padding to the longest text of a batch is wasted compute.
-        order = np.argsort([len(t) for t in texts], kind="stable")
-        for start in range(0, len(texts), self.config.batch_size):
-            rows = order[start : start + self.config.batch_size]
-            batch = [texts[i] for i in rows]
-            tokens = self.tokenizer(
-                batch, max_length=self.config.max_length, padding=True, truncation=True, return_tensors="pt"
-            ).to(self.device)
+        ids = self.tokenizer(texts, max_length=self.config.max_length, truncation=True)["input_ids"]
+        for rows in length_batches([len(i) for i in ids], self.config.batch_size):
+            tokens = self._padded([ids[i] for i in rows])
             with torch.inference_mode():
                 hidden = self.model(**tokens).last_hidden_state.float()
             if self.pooling == "cls":
@@ -92,3 +104,15 @@ class Encoder:
             pooled = torch.nn.functional.normalize(pooled, dim=-1)
             out[rows] = pooled.cpu().numpy()
         return out
+
+    def _padded(self, batch: list[list[int]]) -> dict:
+        """input_ids and attention_mask of token lists padded on the right to the longest, on the encoder's device."""
+        import torch
+
+        width = max(map(len, batch))
+        input_ids = torch.full((len(batch), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, seq in enumerate(batch):
+            input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            attention_mask[row, : len(seq)] = 1
+        return {"input_ids": input_ids.to(self.device), "attention_mask": attention_mask.to(self.device)}

@@ -47,6 +47,7 @@ from slime_search.utils.http_limits import BodyTooLarge, bounded_h11_protocol, r
 from slime_search.utils.net import listen_socket  # noqa: E402
 
 logger = logging.getLogger(__name__)
+INLINE_RENDER_DOCS = 64  # answers of at most this many documents are serialised on the event loop
 
 
 @dataclass(frozen=True)
@@ -244,9 +245,13 @@ def create_app(service: RetrievalService):
         except Exception as err:  # noqa: BLE001 - this request's search failed; the server carries on
             logger.exception("retrieval failed")
             return JSONResponse({"detail": f"retrieval failed: {type(err).__name__}: {err}"}, status_code=500)
-        # documents read from the corpus and serialised off the event loop: a 5,000-query answer takes a while, and
-        # the small requests beside it must not wait for it
-        body = await asyncio.to_thread(service.render, hits, parsed.return_scores)
+        # A large answer is read from the corpus and serialised off the event loop: a 5,000-query answer takes a
+        # while, and the small requests beside it must not wait for it. A small one takes microseconds, less than
+        # the hand-over to a thread and back.
+        if sum(map(len, hits)) <= INLINE_RENDER_DOCS:
+            body = service.render(hits, parsed.return_scores)
+        else:
+            body = await asyncio.to_thread(service.render, hits, parsed.return_scores)
         return Response(content=body, media_type="application/json")
 
     @app.post("/access")
@@ -286,6 +291,13 @@ def load_retriever(args: argparse.Namespace):
     config = encoder_config_from_meta(
         meta, model_path=args.retriever_model, fp16=args.fp16 or None, batch_size=args.encoder_batch_size
     )
+    if args.encoder_threads:
+        import torch
+
+        # A team of threads meets at a barrier after every operation; on cores that other processes (the server's
+        # own clients among them) share, one preempted member stalls the rest. One thread per forward pass held up
+        # where two collapsed (docs/benchmarks/retrieval.md, "Beside Search-R1's server").
+        torch.set_num_threads(args.encoder_threads)
     retriever = DenseRetriever(args.index_path, config, faiss_gpu=args.faiss_gpu)
     return retriever, {"index_type": retriever.index_type, "encoder": config.model_path, "index_size": retriever.size}
 
@@ -316,6 +328,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-batch-size", type=int, default=256, help="queries per encoder/index batch")
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="longest wait for a batch to fill")
     parser.add_argument("--encoder-batch-size", type=int, default=64, help="queries per encoder forward pass")
+    parser.add_argument(
+        "--encoder-threads",
+        type=int,
+        default=1,
+        help="CPU threads of one encoder forward pass (torch intra-op); 0 keeps torch's default of one per core",
+    )
     parser.add_argument("--cache-size", type=int, default=100_000, help="LRU entries; 0 disables the cache")
     parser.add_argument("--max-queries", type=int, default=16_384, help="queries per request")
     parser.add_argument("--max-query-chars", type=int, default=4096, help="longer queries are cut to this length")

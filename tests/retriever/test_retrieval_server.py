@@ -180,7 +180,9 @@ def test_odd_queries_are_answered_without_failing_their_neighbours(dense_server)
 
 
 def test_skyrl_single_query_form_is_answered_like_a_one_query_batch(dense_server):
-    single = httpx.post(f"{dense_server.url}/retrieve", json={"query": "red otter", "topk": 2, "return_scores": True})
+    single = httpx.post(
+        f"{dense_server.url}/retrieve", json={"query": "red otter", "topk": 2, "return_scores": True}, timeout=60
+    )
     batch = retrieve(dense_server, ["red otter"], topk=2, return_scores=True)
     assert single.status_code == 200 and single.json() == batch.json()
     assert single.json()["result"][0][0]["document"]["contents"]

@@ -7,7 +7,7 @@ import pytest
 
 from local_dense_retriever.batching import LRUCache, MicroBatcher, normalize_query, run_search
 from local_dense_retriever.corpus import Corpus
-from local_dense_retriever.encoder import BGE_QUERY_INSTRUCTION, EncoderConfig, add_prefix
+from local_dense_retriever.encoder import BGE_QUERY_INSTRUCTION, EncoderConfig, add_prefix, length_batches
 from local_dense_retriever.index import apply_fp16, index_filename
 from tests.retriever_helpers import write_tiny_corpus
 
@@ -68,6 +68,34 @@ def fake_search(calls):
         return rows, np.ones(rows.shape, dtype=np.float32)
 
     return search
+
+
+def test_texts_are_encoded_in_batches_of_nearly_one_length():
+    lengths = [5, 9, 3, 10, 30, 9, 4, 9, 9, 9, 48, 52, 60]
+    batches = [b.tolist() for b in length_batches(lengths, 3)]
+    assert sorted(row for b in batches for row in b) == list(range(len(lengths)))  # every text once
+    # shortest first; a batch ends when full or when a text is more than max(1, shortest // 8) tokens longer
+    assert batches == [[2, 6], [0], [1, 5, 7], [8, 9, 3], [4], [10, 11], [12]]
+    assert length_batches([], 64) == []
+
+
+def test_a_lone_request_is_searched_without_waiting_for_company():
+    """The wait for company applies once requests come together; a lone one is searched at once. A batcher told to
+    wait 60 s would not answer within the 20 s bound otherwise."""
+
+    async def scenario():
+        calls = []
+        batcher = MicroBatcher(fake_search(calls), max_batch_size=64, max_wait_s=60.0)
+        batcher.start()
+        first = await asyncio.wait_for(batcher.submit(["a"], 2), 20)
+        second = await asyncio.wait_for(batcher.submit(["bb"], 2), 20)
+        together = await asyncio.wait_for(asyncio.gather(batcher.submit(["c"], 2), batcher.submit(["dd"], 2)), 20)
+        await batcher.stop()
+        return calls, first, second, together
+
+    calls, first, second, together = asyncio.run(scenario())
+    assert calls == [["a"], ["bb"], ["c", "dd"]] and first == [[(1, 1.0)]] and second == [[(2, 1.0)]]
+    assert together == [[[(1, 1.0)]], [[(2, 1.0)]]]
 
 
 def test_run_search_deduplicates_and_drops_padding():
