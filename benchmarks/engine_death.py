@@ -2,9 +2,11 @@
 one engine SIGKILLed after a given step; per-step wall times, the step that absorbed the death, failovers, restarts.
 
     python -m benchmarks.engine_death --run-dir runs/miniature --kill-after-step 5
+    python -m benchmarks.engine_death --run-dir /tmp/tiny --kill-after-step 1 --smallest     # a smoke run
 
-RUN_DIR must hold a miniature whose task, policy, index and SFT phases are done (examples/search-r1/run_miniature_cpu.sh
-skips them when rerun on it); the two RL runs go to RUN_DIR/rl-2engines and RUN_DIR/rl-2engines-kill. The engine
+RUN_DIR should hold a miniature whose task, policy, index and SFT phases are done (examples/search-r1/run_miniature_cpu.sh
+skips them when rerun on it; in a new folder the first run makes them); the two RL runs go to RUN_DIR/rl-2engines and
+RUN_DIR/rl-2engines-kill. --smallest shrinks every phase to a few steps on a tiny task (SMALLEST). The engine
 killed is one of the CPU engine servers this benchmark's own run started (found among its descendants by PID).
 Prints a markdown table (docs/benchmarks/engine_faults.md records it).
 """
@@ -21,6 +23,30 @@ import time
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "search-r1" / "run_miniature_cpu.sh"
+# The run script's settings for a smoke run: every phase runs, a few steps each, on a tiny task.
+SMALLEST = {
+    "PEOPLE": "40",
+    "COMPANIES": "12",
+    "HELDOUT": "8",
+    "PRETRAIN_STEPS": "2",
+    "SFT_STEPS": "2",
+    "SFT_BATCH": "4",
+    "RL_STEPS": "3",
+    "RL_PROMPTS": "2",
+    "RL_SAMPLES": "2",
+    "EVAL_INTERVAL": "3",
+}
+
+
+def script_env(run_dir: Path, smallest: bool, **settings: str) -> dict[str, str]:
+    """The run script's environment: this one's, free ports for its retriever and demonstrator unless given (two runs
+    on one machine must not meet on the script's fixed defaults), SMALLEST with `smallest`, then `settings`."""
+    from slime_search.utils.net import free_port
+
+    env = {**os.environ, "RUN_DIR": str(run_dir), **(SMALLEST if smallest else {}), **settings}
+    for name in ("RETRIEVER_PORT", "DEMO_PORT"):
+        env.setdefault(name, str(free_port()))
+    return env
 
 
 def records(run: Path) -> list[dict]:
@@ -35,13 +61,20 @@ def cpu_engines(pid: int) -> list:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [p for p in children if "slime_search.engines.cpu_engine_server" in " ".join(p.cmdline())]
+    engines = []
+    for child in children:
+        try:
+            if "slime_search.engines.cpu_engine_server" in " ".join(child.cmdline()):
+                engines.append(child)
+        except psutil.NoSuchProcess:  # ended since it was listed (a zombie included): not an engine to kill
+            continue
+    return engines
 
 
-def run_rl(run_dir: Path, name: str, kill_after: int | None) -> tuple[Path, float | None]:
+def run_rl(run_dir: Path, name: str, kill_after: int | None, smallest: bool = False) -> tuple[Path, float | None]:
     """The RL phase with two engines; with `kill_after`, one engine is killed once that step is logged. Returns the
     run folder and when the kill happened (seconds since the run started)."""
-    env = {**os.environ, "RUN_DIR": str(run_dir), "RL_NAME": name, "RL_ARGS": "--cpu-engines 2"}
+    env = script_env(run_dir, smallest, RL_NAME=name, RL_ARGS="--cpu-engines 2")
     run = run_dir / name
     started = time.monotonic()
     killed_at = None
@@ -87,10 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--kill-after-step", type=int, default=5)
+    parser.add_argument("--smallest", action="store_true", help="a smoke run: every phase a few steps (SMALLEST)")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
-    base, _ = run_rl(run_dir, "rl-2engines", None)
-    disturbed, killed_at = run_rl(run_dir, "rl-2engines-kill", args.kill_after_step)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    base, _ = run_rl(run_dir, "rl-2engines", None, args.smallest)
+    disturbed, killed_at = run_rl(run_dir, "rl-2engines-kill", args.kill_after_step, args.smallest)
     results = {"undisturbed": summary(base), "one engine killed": summary(disturbed), "killed_at_s": killed_at}
     print(json.dumps(results, indent=1))
     a, b = results["undisturbed"], results["one engine killed"]

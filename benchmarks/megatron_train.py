@@ -1,11 +1,14 @@
-"""GPU benchmark of a Megatron train step on a Qwen2.5-3B-shaped model (random weights): tokens/s, memory, MFU.
+"""GPU benchmark of a Megatron train step (Qwen2.5-3B's shape by default, random weights): tokens/s, memory, MFU.
 
     torchrun --nproc-per-node 2 -m benchmarks.megatron_train --tp 2 --steps 5
     # single GPU:
     python -m benchmarks.megatron_train --tp 1
+    # smallest (a smoke run): a two-layer model of the same kind, two short samples, one step
+    python -m benchmarks.megatron_train --num-layers 2 --hidden-size 256 --num-heads 4 --num-kv-heads 2 \
+        --intermediate-size 512 --samples 2 --seq-len 64 --steps 1
 
-Each step is a GRPO policy-loss step over packed random sequences (bf16, distributed optimizer; TransformerEngine's
-layer spec when it is installed, else Megatron's local one). MFU counts 6 x parameters x tokens (forward + backward, attention FLOPs excluded) against the
+Each step is a GRPO policy-loss step over packed random sequences (bf16, distributed optimizer; --attention-impl:
+TransformerEngine's layer spec when it is installed, else the local spec with the packed attention). MFU counts 6 x parameters x tokens (forward + backward, attention FLOPs excluded) against the
 card's dense bf16 peak given by --peak-tflops (H100 SXM: 989).
 """
 
@@ -22,11 +25,18 @@ import time
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tp", type=int, default=1)
+    # the model's shape: Qwen2.5-3B's by default
+    parser.add_argument("--num-layers", type=int, default=36)
+    parser.add_argument("--hidden-size", type=int, default=2048)
+    parser.add_argument("--num-heads", type=int, default=16)
+    parser.add_argument("--num-kv-heads", type=int, default=2)
+    parser.add_argument("--intermediate-size", type=int, default=11008)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--max-tokens-per-gpu", type=int, default=16384)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--attention-impl", choices=["auto", "te", "local", "packed"], default="auto")
     parser.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
     parser.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
     parser.add_argument("--recompute-num-layers", type=int, default=None)
@@ -58,10 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     port, address = int(os.environ.get("MASTER_PORT", free_port())), os.environ.get("MASTER_ADDR", "127.0.0.1")
     init_megatron(rank, world, tp_size=args.tp, master_port=port, master_address=address)
-    shape = ModelShape(36, 2048, 16, 2, 11008, 151936, True)
+    shape = ModelShape(
+        args.num_layers, args.hidden_size, args.num_heads, args.num_kv_heads, args.intermediate_size, 151936, True
+    )
     options = ModelOptions(
         params_dtype=torch.bfloat16,
         sequence_parallel=args.tp > 1,
+        attention_impl=args.attention_impl,
         recompute_granularity=args.recompute_granularity,
         recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers,

@@ -87,49 +87,53 @@ def main(argv: list[str] | None = None) -> int:
     from slime_search.search_r1.config import search_r1_args
     from slime_search.utils.server_process import ServerProcess
 
-    work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
-    model_path = args.model_path or str(save_tiny_checkpoint(work / "tiny"))
-    if args.index_path:
-        retriever_args = ["--index-path", args.index_path, "--corpus-path", args.corpus_path]
-    else:
-        build_index.main(["--retriever-name", "bm25", "--corpus-path", args.corpus_path, "--save-dir", str(work)])
-        retriever_args = [
-            "--retriever-name",
-            "bm25",
-            "--index-path",
-            str(work / "bm25"),
-            "--corpus-path",
-            args.corpus_path,
-        ]
-    if args.engine == "cpu":
-        engine_argv = [
-            "-m",
-            "slime_search.engines.cpu_engine_server",
-            "--model-path",
-            model_path,
-            "--max-batch-size",
-            "64",
-        ]
-    else:
-        engine_argv = [
-            "-m",
-            "benchmarks.stand_in_engines.replay",
-            "--tokenizer",
-            model_path,
-            "--trajectories",
-            args.trajectories,
-        ]
-    questions = load_questions(Path(args.trajectories), args.num_trajectories)
-    with RetrievalServerProcess(*retriever_args) as retriever, ServerProcess([*engine_argv, "--port", "0"]) as engine:
-        ns = search_r1_args(
-            engine_url=engine.url,
-            hf_checkpoint=model_path,
-            search_url=f"{retriever.url}/retrieve",
-            apply_chat_template=True,
-            max_turns=args.max_turns,
-            max_response_tokens=args.max_response_tokens,
-        )
-        report = asyncio.run(drive(ns, questions, args.concurrency, args.max_new_tokens))
+    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
+        work = Path(tmp)
+        model_path = args.model_path or str(save_tiny_checkpoint(work / "tiny"))
+        if args.index_path:
+            retriever_args = ["--index-path", args.index_path, "--corpus-path", args.corpus_path]
+        else:
+            build_index.main(["--retriever-name", "bm25", "--corpus-path", args.corpus_path, "--save-dir", str(work)])
+            retriever_args = [
+                "--retriever-name",
+                "bm25",
+                "--index-path",
+                str(work / "bm25"),
+                "--corpus-path",
+                args.corpus_path,
+            ]
+        if args.engine == "cpu":
+            engine_argv = [
+                "-m",
+                "slime_search.engines.cpu_engine_server",
+                "--model-path",
+                model_path,
+                "--max-batch-size",
+                "64",
+            ]
+        else:
+            engine_argv = [
+                "-m",
+                "benchmarks.stand_in_engines.replay",
+                "--tokenizer",
+                model_path,
+                "--trajectories",
+                args.trajectories,
+            ]
+        questions = load_questions(Path(args.trajectories), args.num_trajectories)
+        with (
+            RetrievalServerProcess(*retriever_args) as retriever,
+            ServerProcess([*engine_argv, "--port", "0"]) as engine,
+        ):
+            ns = search_r1_args(
+                engine_url=engine.url,
+                hf_checkpoint=model_path,
+                search_url=f"{retriever.url}/retrieve",
+                apply_chat_template=True,
+                max_turns=args.max_turns,
+                max_response_tokens=args.max_response_tokens,
+            )
+            report = asyncio.run(drive(ns, questions, args.concurrency, args.max_new_tokens))
     report["engine"] = args.engine
     report["retriever"] = "dense" if args.index_path else "bm25"
     print(json.dumps(report))
