@@ -119,12 +119,11 @@ class RunFolder:
         back to), and all but the newest `keep` of those set aside; HF copies follow. Returns the steps removed."""
         removed = prune_iterations(self.checkpoints, keep, tuple(protect))
         removed_aside = self._prune_undone(keep)
-        if removed or removed_aside:
+        if removed:
+            logger.info("removed the checkpoints of steps %s (--keep-checkpoints %d)", removed, keep)
+        if removed_aside:
             logger.info(
-                "removed the checkpoints of steps %s and %d set aside (--keep-checkpoints %d)",
-                removed,
-                removed_aside,
-                keep,
+                "removed %d checkpoints set aside by rollbacks and stops (--keep-checkpoints %d)", removed_aside, keep
             )
         self.prune_hf_folders()
         return removed
