@@ -372,13 +372,16 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     logging.basicConfig(level=logging.ERROR)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    started = not ray.is_initialized()  # a caller's Ray (a test session's) is used as it is
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     results = []
     with tempfile.TemporaryDirectory(prefix="guard-week-") as work:
         for seed in args.seeds:
             results.append({"seed": seed, **week(args, seed, Path(work))})
             print(json.dumps(results[-1]), flush=True)
-    ray.shutdown()
+    if started:
+        ray.shutdown()
     print(
         "| seed | faults (step) | right action | actions outside the faults | lost | peak on disk (budget) | stopped |"
     )
