@@ -202,13 +202,15 @@ def checkpoints_section(run_dir: Path) -> str:
     by the guard; only --keep-checkpoints prunes them)."""
     import json
 
+    from slime_search.run_folder import RunFolder
+
     final = run_dir / "final.json"
     lines = []
     if final.is_file():
         chosen = json.loads(final.read_text())
         where = chosen["checkpoint"] + (f" (HF: {chosen['hf']})" if chosen.get("hf") else "")
         lines.append(f"The run ended on the weights of step {chosen['step']}, {where}: {chosen['reason']}.")
-    aside = sorted((run_dir / "checkpoints" / "undone").glob("*/iter_*"))
+    aside = RunFolder(run_dir).undone_checkpoints()
     if aside:
         names = ", ".join(str(path.relative_to(run_dir)) for path in aside)
         lines.append(f"Set aside by rollbacks and stops ({len(aside)}): {names}.")
