@@ -325,8 +325,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--eval-interval", type=int, default=None, help="versions between held-out evals (the run script's default)"
     )
+    parser.add_argument(
+        "--twins-only",
+        action="store_true",
+        help="make only the --modes runs and their wide evals, no synchronous runs and no tables: the unguarded "
+        "twins of another folder's runs, which benchmarks.guard_twins compares with them",
+    )
     args = parser.parse_args(argv)
-    args.modes = ["off", *(mode for mode in args.modes if mode != "off")]  # every mode is compared with off
+    if args.twins_only:
+        if "off" in args.modes or not args.wide_eval:
+            parser.error("--twins-only makes asynchronous twins: give --modes without off, and --wide-eval")
+    else:
+        args.modes = ["off", *(mode for mode in args.modes if mode != "off")]  # every mode is compared with off
     if args.replicas > 1 and not args.wide_eval:
         parser.error("--replicas compares final weights on all held-out questions: add --wide-eval")
     out = Path(args.out)
@@ -355,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                 if replica == 0:
                     results[(seed, mode)] = result
                 print(f"seed {seed} {mode} replica {replica}: {json.dumps(result)}", flush=True)
+    if args.twins_only:
+        return 0
     print(table(results, args.seeds, args.modes))
     if args.replicas > 1:
         print(replica_table(finals, args.seeds, args.replicas, args.modes))

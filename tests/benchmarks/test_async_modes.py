@@ -163,3 +163,23 @@ def test_the_rl_runs_importance_weighting_is_tis_unless_is_args_replaces_it():
     assert re.search(r'^read -r -a IS_EXTRA <<<"\$\{IS_ARGS:---use-tis\}"$', SCRIPT_TEXT, re.M)
     rl_command = SCRIPT_TEXT[SCRIPT_TEXT.index("--advantage-estimator grpo") :].split("\n\n")[0]
     assert '"${IS_EXTRA[@]}"' in rl_command and "--use-tis" not in rl_command
+
+
+def test_twins_only_makes_the_asked_modes_runs_and_no_synchronous_ones(tmp_path, monkeypatch):
+    """The unguarded twins of another folder: only their own runs are made (and evaluated on every question)."""
+    made = []
+
+    def run_mode(out, seed, mode, *rest):
+        made.append((seed, mode, rest[3]))  # rest: max_staleness, steps, lr, replica, extra, eval_interval
+        return tmp_path / f"{mode}-{rest[3]}"
+
+    monkeypatch.setattr(async_modes, "run_mode", run_mode)
+    monkeypatch.setattr(async_modes, "wide_evals", lambda out, seed, runs, steps: {m: {"wide_em": 0.9} for m in runs})
+    monkeypatch.setattr(async_modes, "summary", lambda run: {"em_end": 0.9})
+    argv = ["--out", str(tmp_path), "--seeds", "3", "--modes", "one-step", "fully", "--replicas", "2", "--wide-eval"]
+    assert async_modes.main([*argv, "--twins-only"]) == 0
+    assert made == [(3, "one-step", 0), (3, "fully", 0), (3, "one-step", 1), (3, "fully", 1)]
+    with pytest.raises(SystemExit):
+        async_modes.main(["--out", str(tmp_path), "--modes", "off", "fully", "--wide-eval", "--twins-only"])
+    with pytest.raises(SystemExit):
+        async_modes.main(["--out", str(tmp_path), "--modes", "fully", "--twins-only"])
