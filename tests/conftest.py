@@ -10,6 +10,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
+SESSION_ENGINE_FIXTURES = {"sglang_engine"}  # session-scoped servers: their tests share one worker, so one server
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under `-n N --dist loadgroup` (pytest-xdist): a module's tests stay on one worker, so that a module-scoped
+    fixture (a trained run, a Ray session, an engine) is made once, and so do all the tests of a session-scoped
+    engine. Runs before xdist reads the groups (tryfirst); without xdist the marks do nothing."""
+    for item in items:
+        uses_session_engine = SESSION_ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        group = "session-engine" if uses_session_engine else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

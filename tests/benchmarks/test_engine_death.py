@@ -1,11 +1,16 @@
 """The engine-death benchmark at its smallest size: a tiny miniature (every phase a few steps), its RL phase run with
-two CPU engines undisturbed and with one killed after the first step; the table of both runs printed."""
+two CPU engines undisturbed and with one killed after the first step; the table of both runs printed.
+
+It is also the end-to-end test of the failover: an engine killed during a run costs no step, its trajectories move to
+the other engine, the dead engine is found after the rollout, started again on its address while the actor trains,
+and takes the next weight push with the other (every push checks that every engine serves the new version, and every
+rollout that all its turns saw one version)."""
 
 import json
 
 import pytest
 
-from benchmarks.engine_death import main
+from benchmarks.engine_death import main, records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -21,3 +26,13 @@ def test_both_runs_complete_and_the_killed_engine_is_restarted(tmp_path, capsys)
     table = [line for line in out.splitlines() if line.startswith("| ")]
     assert [row.split(" | ")[0] for row in table[1:]] == ["| undisturbed", "| one engine killed"]  # after the header
     assert "cost of the death:" in out
+
+    run = tmp_path / "run" / "rl-2engines-kill"
+    train = [r for r in records(run) if "train/loss" in r]
+    assert [r["step"] for r in train] == [0, 1, 2]
+    assert [r["weight_version"] for r in train] == [1, 2, 3]  # every engine served it after each push
+    assert [r["rollout/weight_version"] for r in train] == [0, 1, 2]
+    assert all(r["rollout/engine_errors"] == 0 for r in train)
+    restarted = next(r for r in train if r["engines/restarted"])
+    assert restarted["step"] >= 1 and restarted["time/engine_restart_wait_s"] >= 0
+    assert "serving on" in next(run.glob("engine-*.restart1.log")).read_text()
