@@ -2,6 +2,7 @@
 # the processes this script started (by PID; never by name). Source it, then call the functions.
 
 STARTED_PIDS=()
+RAY_HEAD_PORT=""  # the port of the Ray head start_ray_head started, if it did
 
 stop_started() {
    local pid
@@ -12,6 +13,18 @@ stop_started() {
       wait "${pid}" 2>/dev/null || true
    done
    STARTED_PIDS=()
+   forget_ray_head
+}
+
+# forget_ray_head: `ray start` writes the head's address to RAY_TMP/ray_current_cluster and nothing removes it when the
+# head stops; every later ray.init() on this machine without an address would then try to join the stopped head (and
+# hang retrying). Removed here when it still names the head this script started.
+forget_ray_head() {
+   local file="${RAY_TMPDIR:-${TMPDIR:-/tmp}}/ray/ray_current_cluster"
+   if [[ -n "${RAY_HEAD_PORT}" && -f "${file}" ]] && grep -q ":${RAY_HEAD_PORT}\$" "${file}"; then
+      rm -f "${file}"
+   fi
+   RAY_HEAD_PORT=""
 }
 DRIVER_PID=""
 
@@ -81,9 +94,16 @@ start_retriever() {
 # one PID stops the Ray processes it started; sets RAY_ADDRESS for the driver.
 start_ray_head() {
    local port=$1 gpus=$2 log=$3
+   # Ray (2.60 here) turns token authentication on for a head where a token exists (~/.ray/auth_token, which any
+   # earlier local ray.init() leaves), but its CLI and drivers send the token only when RAY_AUTH_MODE says so: without
+   # this, `ray status` and the driver are refused by the head they started.
+   if [[ -z "${RAY_AUTH_MODE:-}" && ( -n "${RAY_AUTH_TOKEN:-}" || -f "${RAY_AUTH_TOKEN_PATH:-${HOME}/.ray/auth_token}" ) ]]; then
+      export RAY_AUTH_MODE=token
+   fi
    ray start --head --block --node-ip-address 127.0.0.1 --port "${port}" --num-gpus "${gpus}" \
       --include-dashboard false --disable-usage-stats >"${log}" 2>&1 &
    STARTED_PIDS+=($!)
+   RAY_HEAD_PORT=${port}
    local pid=$! waited=0
    until ray status --address "127.0.0.1:${port}" >/dev/null 2>&1; do
       if ! kill -0 "${pid}" 2>/dev/null || (( waited >= 120 )); then

@@ -154,3 +154,41 @@ def test_the_run_scripts_stop_what_a_killed_driver_left(tmp_path):
     assert done.stdout.split()[-2:] == ["status", str(128 + signal.SIGKILL)], done.stdout + done.stderr
     assert "stopped 1 process(es)" in done.stdout
     assert not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_run_scripts_ray_head_answers_where_a_token_exists_and_is_forgotten_once_stopped(tmp_path):
+    """common.sh's start_ray_head where an earlier ray.init() left ~/.ray/auth_token: Ray turns token authentication on
+    for the head, so `ray status` and a driver must send the token; the head answers both. When the script ends it
+    stops the head (by PID) and removes the address `ray start` left for later ray.init() calls to join."""
+    import tempfile
+
+    from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+
+    from slime_search.utils.net import free_port
+
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text(generate_new_authentication_token())
+    # Ray's own folder for this head, short (its socket paths must fit) and apart from /tmp/ray: while the head runs,
+    # no ray.init() of another test may find its address there and join it
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))
+    common = Path(__file__).resolve().parents[2] / "examples" / "search-r1" / "common.sh"
+    driver = "import ray; ray.init(); print('cpus', ray.cluster_resources()['CPU'])"
+    script = (
+        f'source "{common}"\nstart_ray_head {free_port()} 0 "{tmp_path}/head.log" || exit 1\n'
+        f'"{sys.executable}" -c "{driver}"\n'
+        f'test -f "{ray_tmp}/ray/ray_current_cluster" && echo "address written"\n'  # once the head is up, not before
+        f'echo "head ${{STARTED_PIDS[0]}}"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env |= {"HOME": str(tmp_path), "RAY_TMPDIR": str(ray_tmp)}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr + (tmp_path / "head.log").read_text()[-2000:]
+    assert "Ray head (pid" in done.stdout and "cpus " in done.stdout and "address written" in done.stdout
+    head = int(done.stdout.split()[-1])
+    deadline = time.monotonic() + 30  # the script's EXIT trap stopped the head (SIGTERM, by PID)
+    while psutil.pid_exists(head) and psutil.Process(head).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the Ray head outlived the script that started it"
+        time.sleep(0.5)
+    assert not (ray_tmp / "ray" / "ray_current_cluster").exists()
