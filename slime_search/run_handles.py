@@ -102,7 +102,7 @@ def open_run(config, args) -> RunHandles:
 
     from slime_search.health.guard import HealthGuard
     from slime_search.metrics import MetricsSink
-    from slime_search.ray.session import RECORD_NAME, record_started_processes
+    from slime_search.ray.session import RECORD_NAME, init_address, record_started_processes
     from slime_search.ray.train_group import RayTrainGroup
     from slime_search.run_folder import RunFolder
 
@@ -110,7 +110,7 @@ def open_run(config, args) -> RunHandles:
     run.record_health_config(config.health)
     sink = MetricsSink(run.path, *config.wandb, config=vars(args))
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
+        ray.init(address=init_address(), include_dashboard=False, log_to_driver=True, configure_logging=False)
     record_started_processes(run.path / RECORD_NAME)  # what a SIGKILLed driver leaves, for the run scripts to stop
     guard = HealthGuard(config.health, config.rollout.rollout.reward_key)
     return RunHandles(config, run, sink, RayTrainGroup(config.train_group), guard)

@@ -90,6 +90,40 @@ def stop_recorded(path: str | Path, grace_s: float = 10.0) -> list[int]:
     return sorted(p.pid for p in processes)
 
 
+def ray_tmp_dir() -> Path:
+    """Ray's folder on this machine (as Ray finds it: RAY_TMPDIR, else TMPDIR, else /tmp)."""
+    return Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp") / "ray"
+
+
+def init_address(timeout_s: float = 2.0) -> str | None:
+    """What the driver passes to ray.init(): None (Ray's own search: RAY_ADDRESS, else the head `ray start` last
+    started on this machine, else a new local cluster), or "local" when that head no longer answers. `ray start`
+    leaves its address in RAY_TMP/ray_current_cluster and nothing removes it when the head stops; ray.init() would
+    retry the dead head for many minutes instead of starting a cluster of its own."""
+    import logging
+    import socket
+
+    if os.environ.get("RAY_ADDRESS"):
+        return None
+    address_file = ray_tmp_dir() / "ray_current_cluster"
+    try:
+        address = address_file.read_text().strip()
+    except OSError:
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return None
+    except (OSError, ValueError):
+        logging.getLogger(__name__).warning(
+            "%s names the Ray head %s, which does not answer (stopped?): starting a Ray cluster of this run's own "
+            "(set RAY_ADDRESS to join a running one)",
+            address_file,
+            address,
+        )
+        return "local"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="stop the processes a dead driver left, from its record")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -192,3 +192,27 @@ def test_the_run_scripts_ray_head_answers_where_a_token_exists_and_is_forgotten_
         assert time.monotonic() < deadline, "the Ray head outlived the script that started it"
         time.sleep(0.5)
     assert not (ray_tmp / "ray" / "ray_current_cluster").exists()
+
+
+def test_the_driver_joins_a_head_ray_start_left_only_while_it_answers(tmp_path, monkeypatch, caplog):
+    """`ray start` leaves its head's address in RAY_TMP/ray_current_cluster; ray.init() with no address joins it, and
+    retries for minutes once that head has stopped. The driver starts a cluster of its own then, and says why."""
+    import socket
+
+    from slime_search.ray.session import init_address
+    from slime_search.utils.net import free_port
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert init_address() is None  # no head was started here: Ray starts a local cluster
+    (tmp_path / "ray").mkdir()
+    address_file = tmp_path / "ray" / "ray_current_cluster"
+    with socket.create_server(("127.0.0.1", 0)) as head:
+        address_file.write_text(f"127.0.0.1:{head.getsockname()[1]}\n")
+        assert init_address() is None  # a head that answers is joined, as Ray would
+    address_file.write_text(f"127.0.0.1:{free_port()}")
+    with caplog.at_level("WARNING"):
+        assert init_address(timeout_s=0.5) == "local"
+    assert "does not answer" in caplog.text and str(address_file) in caplog.text
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    assert init_address() is None  # RAY_ADDRESS names the cluster: Ray's to use, checked or not
