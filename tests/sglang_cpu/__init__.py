@@ -36,9 +36,21 @@ def python() -> str:
     return str(VENV / "bin" / "python")
 
 
+# SGLang sizes its KV pool from the memory that is free before and after it loads the weights; on CPU that is the
+# machine's, which other processes starting at the same time (the other test worker, the router test's second engine)
+# also take. --max-total-tokens caps the pool at 8192 tokens whatever the fraction, so the fraction is only the margin
+# for that: at 0.05, 0.53 GB taken elsewhere during the load was enough to refuse to start (measured on a loaded
+# machine: "minimum viable 0.0693").
+MEM_FRACTION_STATIC = 0.3
+
+
 def engine_spec(model_path: str | Path, port: int, weight_version: str = "0") -> SGLangEngineSpec:
     return SGLangEngineSpec(
-        str(model_path), port, mem_fraction_static=0.05, weight_version=weight_version, extra_args=CPU_SERVER_ARGS
+        str(model_path),
+        port,
+        mem_fraction_static=MEM_FRACTION_STATIC,
+        weight_version=weight_version,
+        extra_args=CPU_SERVER_ARGS,
     )
 
 
