@@ -339,7 +339,13 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("data and rollout")
     g.add_argument("--prompt-data", required=True, help="training prompts: parquet or jsonl, Search-R1's schema")
     g.add_argument("--rollout-shuffle", action="store_true", help="shuffle the prompts every epoch")
-    g.add_argument("--rollout-seed", type=non_negative_int, default=42, help="seed of the prompt order")
+    g.add_argument(
+        "--rollout-seed",
+        type=non_negative_int,
+        default=42,
+        help="seed of the prompt order and of each trajectory's sampling (on engines that seed it: the CPU engine, "
+        "SGLang with --enable-deterministic-inference)",
+    )
     g.add_argument(
         "--num-rollout",
         type=non_negative_int,

@@ -123,10 +123,14 @@ def engine_config(args: argparse.Namespace, use_gpu: bool, colocated_gpus: int =
 
 
 def sampling_params(args: argparse.Namespace, greedy: bool = False) -> dict[str, Any]:
+    """What the engines sample with; a training rollout's `sampling_seed` is the base of each trajectory's own."""
+    if greedy:
+        return {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": args.rollout_max_response_len}
     return {
-        "temperature": 0.0 if greedy else args.rollout_temperature,
-        "top_p": 1.0 if greedy else args.rollout_top_p,
+        "temperature": args.rollout_temperature,
+        "top_p": args.rollout_top_p,
         "max_new_tokens": args.rollout_max_response_len,
+        "sampling_seed": args.rollout_seed,
     }
 
 

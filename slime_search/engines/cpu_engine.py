@@ -283,8 +283,16 @@ class CpuEngine:
             use_cache=True,
             logits_to_keep=1,
         )
+        seeds = [request.params.sampling_seed for request in requests]
+        drawn = 0  # tokens sampled so far in this batch: each row's next token is at lengths[row] + drawn
         while any(active):
-            tokens, log_probs = sample_tokens(out.logits[:, -1].cpu(), temperature, top_p, top_k, self.generator)
+            seeded = [
+                None if seed is None else (seed, length + drawn) for seed, length in zip(seeds, lengths, strict=True)
+            ]
+            tokens, log_probs = sample_tokens(
+                out.logits[:, -1].cpu(), temperature, top_p, top_k, self.generator, seeded
+            )
+            drawn += 1
             for row, request in enumerate(requests):
                 if active[row]:
                     active[row] = self._append(request, results[row], int(tokens[row]), float(log_probs[row]))

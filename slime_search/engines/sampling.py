@@ -20,6 +20,7 @@ class SamplingParams:
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
     ignore_eos: bool = False
+    sampling_seed: int | None = None  # this request's own random stream (see seeded_uniform)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -75,6 +76,7 @@ _CHECKS = {
     "no_stop_trim": (lambda v: isinstance(v, bool), "a boolean"),
     "skip_special_tokens": (lambda v: isinstance(v, bool), "a boolean"),
     "ignore_eos": (lambda v: isinstance(v, bool), "a boolean"),
+    "sampling_seed": (_is_int, "an integer"),
 }  # fmt: skip
 
 
@@ -99,14 +101,27 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
+def seeded_uniform(seed: int, position: int) -> float:
+    """The uniform draw of a request with `sampling_seed` for the token at `position` (tokens before it in its
+    sequence). As SGLang's seeded sampling (deterministic inference) draws from (seed, position), a request draws the
+    same tokens from the same logits whichever requests share its batch and however its trajectory is split into
+    turns or retracted and continued."""
+    mixed = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) % (1 << 63)
+    return float(torch.rand(1, generator=torch.Generator().manual_seed(mixed)))
+
+
 def sample_tokens(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_p: torch.Tensor,
     top_k: torch.Tensor,
     generator: torch.Generator | None = None,
+    seeded: list[tuple[int, int] | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return (tokens, log-probs).
+
+    A row whose `seeded` entry is (sampling_seed, position) draws seeded_uniform(...); the others draw from
+    `generator`, a stream shared by the batch (so what they draw depends on which requests were batched together).
 
     The log-prob is log softmax(logits / T)[token] over the full vocabulary, the quantity the trainer recomputes
     from its own logits at the same temperature (top-p / top-k only restrict which tokens can be drawn). Greedy
@@ -127,7 +142,11 @@ def sample_tokens(
     # Inverse-CDF draw with one uniform per row: on a 150k vocabulary this is ~6x cheaper on CPU than
     # torch.multinomial and ~5x cheaper than a Gumbel-max draw (which needs a random number per vocab entry).
     cdf = torch.cumsum(candidates.exp(), dim=-1)
-    u = torch.rand((cdf.shape[0], 1), generator=generator) * cdf[:, -1:]
+    u = torch.rand((cdf.shape[0], 1), generator=generator)
+    for row, key in enumerate(seeded or ()):
+        if key is not None:
+            u[row, 0] = seeded_uniform(*key)
+    u = u * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(cdf.shape[-1] - 1)
     if bool(greedy.any()):
         tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)

@@ -99,6 +99,16 @@ async def score(args, sample: Sample, reward: RewardFn, key: str) -> None:
     sample.reward = value
 
 
+def trajectory_params(params: dict, index: int) -> dict:
+    """Sample `index`'s own sampling parameters: the run's base `sampling_seed` becomes a seed of this trajectory's
+    own, so what it draws does not depend on which other requests an engine batched with it (an engine that seeds
+    its sampling: SGLang with deterministic inference, the CPU engine; others ignore the key)."""
+    params = dict(params)
+    if params.get("sampling_seed") is not None:
+        params["sampling_seed"] = (params["sampling_seed"] * 1_000_003 + index) % (1 << 31)
+    return params
+
+
 async def _one_sample(
     args,
     item: PromptItem,
@@ -113,7 +123,7 @@ async def _one_sample(
 ) -> Sample:
     sample = Sample(prompt=item.prompt, label=item.label, group_index=group, index=index, metadata=dict(item.metadata))
     async with slots:
-        sample = await generate(args, sample, dict(params))
+        sample = await generate(args, sample, trajectory_params(params, index))
     if sample.trainable:
         await score(args, sample, reward, reward_key)
     return done(sample)

@@ -76,6 +76,31 @@ def test_concurrent_requests_are_batched_and_log_probs_match_a_fresh_forward(ser
         assert max(abs(lp - e) for (lp, _, _), e in zip(logprobs, expected, strict=True)) < 1e-4
 
 
+def test_a_seeded_request_samples_the_same_tokens_alone_or_batched_with_others(server):
+    """sampling_seed makes a trajectory's tokens independent of what the engine batched it with, as SGLang's seeded
+    (deterministic) sampling does: rollouts are reproducible however requests arrive."""
+    seeded = {"temperature": 1.0, "max_new_tokens": 12, "sampling_seed": 1234}
+    prompt = [9707, 1879, 0]
+
+    async def fire(bodies):
+        client = EngineClient(EngineClientConfig(server.url))
+        try:
+            return await asyncio.gather(*(client.generate(params, input_ids=ids) for params, ids in bodies))
+        finally:
+            await client.close()
+
+    alone = asyncio.run(fire([(seeded, prompt)]))[0]
+    others = [({"temperature": 1.0, "max_new_tokens": 12}, list(range(100, 100 + n))) for n in (3, 9, 17)]
+    for bodies in ([*others, (seeded, prompt)], [(seeded, prompt), *others]):
+        before = engine_state(server)["batches"]
+        crowd = asyncio.run(fire(bodies))
+        assert engine_state(server)["batches"] - before < 4  # batched together
+        ours = crowd[-1] if bodies[-1][0] is seeded else crowd[0]
+        assert ours["output_ids"] == alone["output_ids"]
+    unseeded = [asyncio.run(fire([({"temperature": 1.0, "max_new_tokens": 12}, prompt)]))[0] for _ in range(3)]
+    assert any(out["output_ids"] != alone["output_ids"] for out in unseeded)  # the seed, not luck, fixed the draw
+
+
 def test_text_input_and_length_finish(server):
     out = generate(server, text="Hello world", sampling_params={"max_new_tokens": 5, "temperature": 1.0})
     assert out["meta_info"]["prompt_tokens"] == 2  # "Hello", " world"

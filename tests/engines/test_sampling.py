@@ -70,3 +70,31 @@ def test_a_greedy_batch_draws_nothing_from_the_sampling_stream():
     after_eval = sample_tokens(logits, ones, ones, no_k, evaluated)[0]
     assert torch.equal(after_eval, sample_tokens(logits, ones, ones, no_k, untouched)[0])
     assert evaluated.get_state().equal(untouched.get_state())
+
+
+def test_a_seeded_row_draws_the_same_token_whatever_shares_its_batch():
+    """A request with sampling_seed draws from (seed, position): alone, first or last in a batch, after any number of
+    other draws from the shared stream, it samples the same token; another position or seed draws anew."""
+    from slime_search.engines.sampling import seeded_uniform
+
+    logits = torch.zeros(1, 1000)  # uniform over 1000 tokens: the drawn token shows the uniform draw
+    one, no_k = torch.ones(1), torch.full((1,), -1)
+    alone = sample_tokens(logits, one, one, no_k, torch.Generator().manual_seed(0), [(11, 5)])[0]
+    crowd = torch.zeros(4, 1000)
+    ones, no_ks = torch.ones(4), torch.full((4,), -1)
+    for seed in (1, 2):
+        first = sample_tokens(
+            crowd, ones, ones, no_ks, torch.Generator().manual_seed(seed), [(11, 5), None, None, None]
+        )
+        last = sample_tokens(crowd, ones, ones, no_ks, torch.Generator().manual_seed(seed), [None, None, None, (11, 5)])
+        assert first[0][0] == last[0][3] == alone[0]
+    assert alone[0] == int(seeded_uniform(11, 5) * 1000)
+    draws = {seeded_uniform(11, p) for p in range(50)} | {seeded_uniform(s, 5) for s in range(50)}
+    assert len(draws) == 99  # every other position and seed draws anew
+
+
+def test_a_sampling_seed_is_an_integer():
+    assert SamplingParams.from_request({"sampling_seed": 7}).sampling_seed == 7
+    assert SamplingParams.from_request({"sampling_seed": None}).sampling_seed is None  # SGLang: null is the default
+    with pytest.raises(TypeError, match="sampling_seed must be an integer"):
+        SamplingParams.from_request({"sampling_seed": "7"})

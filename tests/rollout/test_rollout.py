@@ -90,6 +90,32 @@ def test_groups_rewards_and_zero_std_filtering_with_oversampling():
     assert metrics["rollout/reward_mean"] == pytest.approx(0.25)
 
 
+def test_each_trajectory_gets_a_sampling_seed_of_its_own_from_the_runs_base():
+    """The engines see one seed per trajectory, derived from --rollout-seed and the sample's index (unique over the
+    run): its draws then do not depend on how requests are batched. Greedy (evaluation) parameters carry none."""
+    import argparse
+
+    from slime_search.run_config import sampling_params
+
+    seen: dict[int, dict] = {}
+
+    async def recording_generate(args, sample, params):
+        seen[sample.index] = params
+        return await toy_generate(args, sample, params)
+
+    args = search_r1_args(n=2)
+    source = DataSource(DataConfig(path="mem"), rows=ROWS)
+    base = {"temperature": 1.0, "sampling_seed": 42}
+    asyncio.run(generate_rollout(args, source, RolloutConfig(batch_size=3, n_samples_per_prompt=2), recording_generate,
+                                 reward_func, base, first_group_index=5))  # fmt: skip
+    assert sorted(seen) == list(range(10, 16)) and base == {"temperature": 1.0, "sampling_seed": 42}
+    seeds = [seen[i]["sampling_seed"] for i in sorted(seen)]
+    assert len(set(seeds)) == 6 and all(0 <= seed < 2**31 for seed in seeds)
+    assert all(params["temperature"] == 1.0 for params in seen.values())
+    flags = argparse.Namespace(rollout_temperature=1.0, rollout_top_p=1.0, rollout_max_response_len=8, rollout_seed=7)
+    assert sampling_params(flags)["sampling_seed"] == 7 and "sampling_seed" not in sampling_params(flags, greedy=True)
+
+
 def test_advantages_skip_failed_samples_and_split_balances_tokens():
     samples = []
     for group, rewards in enumerate([[1.0, 0.0, 0.0], [1.0, 0.0]]):
