@@ -61,6 +61,10 @@ class BroadcastConfig:
     bucket_bytes: int = 512 * 1024**2
     group_name: str = DEFAULT_GROUP_NAME
     timeout_s: float = 600.0
+    # How long a refused bucket's broadcast may take to report done on our side. An engine that received the bucket
+    # and then refused it (a name or shape it does not have) answers as soon as the broadcast ends; the thread that
+    # sent it may report a moment later on a busy machine. The group is usable again then.
+    refusal_grace_s: float = 10.0
 
 
 class WeightBroadcaster:
@@ -155,11 +159,13 @@ class WeightBroadcaster:
             )
             sending = host_in_thread(broadcast_tensors, self.group, tensors)
             # An engine that refuses a bucket before receiving it (SGLang does, outside a weight-update session)
-            # answers at once and never joins the broadcast: fail then, instead of blocking in it until the group's
-            # timeout. The group is left with a broadcast nobody receives, so it cannot be used again.
+            # answers at once and never joins the broadcast: fail then (once refusal_grace_s shows the broadcast is
+            # still pending), instead of blocking in it until the group's timeout. The group is left with a broadcast
+            # nobody receives, so it cannot be used again.
             await asyncio.wait([sending, answers], return_when=asyncio.FIRST_EXCEPTION)
             if answers.done() and answers.exception() is not None and not sending.done():
-                self.broken = True
+                await asyncio.wait([sending], timeout=self.config.refusal_grace_s)
+                self.broken = not sending.done()
                 raise answers.exception()
             await sending
             for url, answer in zip(self.engine_urls, await answers, strict=True):

@@ -1,6 +1,8 @@
 """Weight sync without the disk, against the CPU engine server: broadcast (SGLang's weight-update group) over
 gloo, tensor handles over shared memory, and the memory hand-over of a colocated trainer."""
 
+import time
+
 import httpx
 import pytest
 import torch
@@ -106,11 +108,26 @@ def test_two_engines_receive_every_bucket_and_serve_the_new_version(tiny_checkpo
             assert answer.status_code == 400 and "not in weight-update group" in answer.text
 
 
+def report_late(monkeypatch, delay_s: float) -> None:
+    """Our side of each broadcast reports done `delay_s` after it ends, as a thread scheduled late on a busy machine
+    does: the engine's answer then arrives first."""
+    from slime_search.weight_sync import broadcast
+
+    real = broadcast.broadcast_tensors
+
+    def late(group, tensors):
+        real(group, tensors)
+        time.sleep(delay_s)
+
+    monkeypatch.setattr(broadcast, "broadcast_tensors", late)
+
+
 @pytest.mark.slow
-def test_a_bad_bucket_is_refused_whole_and_the_group_stays_usable(tiny_checkpoint):
+def test_a_bad_bucket_is_refused_whole_and_the_group_stays_usable(tiny_checkpoint, monkeypatch):
     from slime_search.engines.client import EngineError
 
     _, state = perturbed_state(tiny_checkpoint)
+    report_late(monkeypatch, 1.0)
     with ServerProcess(engine_argv(tiny_checkpoint)) as engine:
         before = generate(engine.url, temperature=0.0)
         broadcaster = WeightBroadcaster(BroadcastConfig("gloo", timeout_s=120))
@@ -130,6 +147,29 @@ def test_a_bad_bucket_is_refused_whole_and_the_group_stays_usable(tiny_checkpoin
                 assert broadcaster.push(state, "2") == ["2"]
         finally:
             broadcaster.close()
+
+
+@pytest.mark.slow
+def test_a_bucket_refused_before_it_is_received_breaks_the_group_without_waiting_for_its_timeout(tiny_checkpoint):
+    """Outside a weight-update session the engine refuses a bucket before receiving it (as SGLang does): our
+    broadcast stays pending, so the push fails after the refusal grace, not the group's timeout, and the group is
+    not used again."""
+    from slime_search.engines.client import EngineError
+
+    with ServerProcess(engine_argv(tiny_checkpoint)) as engine:
+        broadcaster = WeightBroadcaster(BroadcastConfig("gloo", timeout_s=120, refusal_grace_s=2.0))
+        broadcaster.connect([engine.url], [1], "127.0.0.1", free_port())
+        try:
+            large = {"model.embed_tokens.weight": torch.ones(64 * 1024**2 // 4)}  # more than the sockets buffer
+            started = time.monotonic()
+            with pytest.raises(EngineError, match="must run between begin_weight_update"):
+                broadcaster.push(large, "1")
+            assert time.monotonic() - started < 60 and broadcaster.broken
+            with pytest.raises(RuntimeError, match="cannot be used again"):
+                broadcaster.push(large, "1")
+        finally:
+            broadcaster.close()
+        assert served_version(engine.url) == "0"
 
 
 @pytest.mark.slow
