@@ -61,11 +61,11 @@ def test_a_dead_engine_costs_one_attempt_then_the_trajectory_moves_and_stays(fla
 def test_an_engine_marked_down_is_tried_again_after_a_while(flaky):
     async def body(pool):
         await pool.route().generate({}, [0, 0, 13])
-        assert pool.live() == [flaky.url]
-        await asyncio.sleep(0.25)
+        assert pool.live() == [flaky.url]  # within the window, even on a busy machine
+        await asyncio.sleep(2.1)
         return pool.live()
 
-    assert run_pool([DEAD, flaky.url], body, retry_down_after_s=0.2) == [DEAD, flaky.url]
+    assert run_pool([DEAD, flaky.url], body, retry_down_after_s=2.0) == [DEAD, flaky.url]
 
 
 def test_new_trajectories_spread_over_engines_and_keep_theirs(flaky):
