@@ -29,6 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from slime_search.utils.net import free_port
+
 MODES = ("off", "one-step", "fully")
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "search-r1" / "run_miniature_cpu.sh"
 WIDE_EVAL = "wide_eval.json"  # in each run's folder: its final weights' metrics on all held-out questions
@@ -119,6 +121,8 @@ def run_mode(
         **({"RL_LR": lr} if lr else {}),
         **({"EVAL_INTERVAL": str(eval_interval)} if eval_interval else {}),
     }
+    for port in ("RETRIEVER_PORT", "DEMO_PORT"):  # two benchmarks on one machine must not meet on the defaults
+        env.setdefault(port, str(free_port()))
     log = out / f"seed{seed}" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as handle:
