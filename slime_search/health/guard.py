@@ -225,7 +225,10 @@ class HealthGuard:
             if self._drops_in_a_row >= self.config.eval_patience:
                 events.append(Event(version, "rollback", "eval_drop", message, values))
             else:
-                message += "; its checkpoint is kept, and the run rolls back unless the next evaluation recovers"
+                message += (
+                    "; the checkpoint a rollback to it would use (the newest confirmed one at or before it) is kept, "
+                    "and the run rolls back unless the next evaluation recovers"
+                )
                 events.append(Event(version, "warn", "eval_drop", message, values))
         else:
             self._drops_in_a_row = 0
