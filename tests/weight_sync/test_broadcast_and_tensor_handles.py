@@ -157,7 +157,10 @@ def test_a_bucket_refused_before_it_is_received_breaks_the_group_without_waiting
     from slime_search.engines.client import EngineError
 
     with ServerProcess(engine_argv(tiny_checkpoint)) as engine:
-        broadcaster = WeightBroadcaster(BroadcastConfig("gloo", timeout_s=120, refusal_grace_s=2.0))
+        # a group name of its own: a broken group stays registered in this process (its broadcast is still pending),
+        # and a later test here connecting under the default name would be refused
+        config = BroadcastConfig("gloo", timeout_s=120, group_name="refused_before_received", refusal_grace_s=2.0)
+        broadcaster = WeightBroadcaster(config)
         broadcaster.connect([engine.url], [1], "127.0.0.1", free_port())
         try:
             large = {"model.embed_tokens.weight": torch.ones(64 * 1024**2 // 4)}  # more than the sockets buffer
