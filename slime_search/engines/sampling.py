@@ -106,8 +106,12 @@ def seeded_uniform(seed: int, position: int) -> float:
     sequence). As SGLang's seeded sampling (deterministic inference) draws from (seed, position), a request draws the
     same tokens from the same logits whichever requests share its batch and however its trajectory is split into
     turns or retracted and continued."""
-    mixed = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) % (1 << 63)
-    return float(torch.rand(1, generator=torch.Generator().manual_seed(mixed)))
+    # splitmix64's finaliser over (seed, position): a few integer operations per token, no generator object
+    mask = (1 << 64) - 1
+    z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)  # 53 random bits: a double in [0, 1)
 
 
 def sample_tokens(

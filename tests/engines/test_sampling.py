@@ -98,3 +98,16 @@ def test_a_sampling_seed_is_an_integer():
     assert SamplingParams.from_request({"sampling_seed": None}).sampling_seed is None  # SGLang: null is the default
     with pytest.raises(TypeError, match="sampling_seed must be an integer"):
         SamplingParams.from_request({"sampling_seed": "7"})
+
+
+def test_seeded_draws_follow_the_distribution():
+    """Seeded rows sample as the shared stream does: one seed per row (as one trajectory each) gives the token
+    frequencies of the distribution."""
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    logits = torch.log(probs).expand(4000, 3)
+    ones, no_k = torch.ones(4000), torch.full((4000,), -1)
+    tokens, _ = sample_tokens(
+        logits, ones, ones, no_k, torch.Generator().manual_seed(0), [(s, 17) for s in range(4000)]
+    )
+    freq = torch.bincount(tokens, minlength=3).float() / 4000
+    assert torch.allclose(freq, probs, atol=0.032)  # 4 binomial standard errors at n = 4000
