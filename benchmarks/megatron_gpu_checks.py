@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     dtypes = [torch.float32, torch.bfloat16] if device.type == "cuda" else [torch.float32]
     with tempfile.TemporaryDirectory() as tmp:
-        for family in args.families.split(","):
+        for family in filter(None, args.families.split(",")):  # none: the environment alone
             checkpoint = save_tiny_checkpoint(Path(tmp) / family, TinyQwenConfig(family=family))
             for dtype in dtypes:
                 for check in (check_parity, check_training, check_attention):

