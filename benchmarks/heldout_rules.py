@@ -6,12 +6,14 @@ Each simulated run is K evaluations of the same n questions. A question's grade 
 next or, with probability --resample, drawn anew with the run's current accuracy: 1.0 makes evaluations independent,
 smaller values correlate nearby versions as nearby checkpoints are. A flat run keeps its accuracy (0.5) throughout; a
 falling run loses 0.3 at a random evaluation past the third and stays down (resampled 1.0 from there, so the fall
-shows at once). Four rules, each run through the real HealthGuard where it can be (review_eval, with grades or not):
+shows at once). Five rules, each run through the real HealthGuard where it can be (review_eval, with grades or not):
 
     unpaired, at once   the point estimate more than --health-eval-drop below the best: roll back (the former rule)
     unpaired, wait      the same, two evaluations in a row (--health-eval-patience 2)
     paired, at once     the drop beyond chance, paired per question, best chosen among K (health.heldout)
-    paired, wait        both (the default)
+    paired, wait        both, two evaluations in a row
+    paired, wait 4      both, four in a row (--health-eval-patience 4, the default): a fall in the last three of the K
+                        evaluations is not rolled back at all; the end-of-run rule is there for those
 
 False alarms: the share of flat runs rolled back. Caught: the share of falling runs rolled back, and the mean delay in
 evaluations from the fall. Prints a markdown table (docs/benchmarks/health.md).
@@ -27,6 +29,7 @@ RULES = {  # name -> (pass grades to the guard, --health-eval-patience)
     "unpaired, wait": (False, 2),
     "paired, at once": (True, 1),
     "paired, wait": (True, 2),
+    "paired, wait 4 (the default)": (True, 4),
 }
 
 

@@ -166,21 +166,24 @@ def test_a_reward_drop_rolls_back_to_before_the_newest_window_near_the_best():
 
 def test_a_held_out_drop_warns_and_keeps_its_target_then_rolls_back_when_it_lasts():
     guard = HealthGuard(HealthConfig(eval_drop=0.2), reward_key="score")
-    for step in range(15):
+    assert guard.config.eval_patience == 4  # the default: four falls in a row
+    for step in range(30):
         guard.review(step, step_record(step))
     assert guard.review_eval(0, {"eval/score": 0.1}) == []
     assert guard.review_eval(5, {"eval/score": 0.9}) == []
     assert guard.review_eval(10, {"eval/score": 0.8}) == []
-    [event] = guard.review_eval(15, {"eval/score": 0.6})
     # the trouble began after version 10, the last within 0.2 of the best: its checkpoint is kept, and the run waits
-    assert event.action == "warn" and event.values["roll_back_before"] == 10 and "rolls back unless" in event.message
-    assert 10 in guard.checkpoints_needed([0, 5, 10, 15])
-    [event] = guard.review_eval(20, {"eval/score": 0.55})
+    for version, score in ((15, 0.6), (20, 0.55), (25, 0.62)):
+        [event] = guard.review_eval(version, {"eval/score": score})
+        assert event.action == "warn" and event.values["roll_back_before"] == 10 and "rolls back unless" in event.message
+        assert 10 in guard.checkpoints_needed([0, 5, 10, 15, 20, 25])
+    [event] = guard.review_eval(30, {"eval/score": 0.5})
     assert event.action == "rollback" and event.values["roll_back_before"] == 10 and event.values["best"] == 0.9
     # a fall that recovers at the next evaluation is never rolled back
-    recovering = HealthGuard(HealthConfig(eval_drop=0.2), reward_key="score")
-    events = [recovering.review_eval(v, {"eval/score": s}) for v, s in ((0, 0.9), (5, 0.6), (10, 0.85), (15, 0.6))]
-    assert [[e.action for e in es] for es in events] == [[], ["warn"], [], ["warn"]]
+    recovering = HealthGuard(HealthConfig(eval_drop=0.2, eval_patience=2), reward_key="score")
+    evals = ((0, 0.9), (5, 0.6), (10, 0.85), (15, 0.6), (20, 0.5))
+    events = [recovering.review_eval(v, {"eval/score": s}) for v, s in evals]
+    assert [[e.action for e in es] for es in events] == [[], ["warn"], [], ["warn"], ["rollback"]]
     assert HealthGuard(HealthConfig(eval_drop=0.2, eval_patience=1)).review_eval(0, {"eval/score": 0.9}) == []
 
 
