@@ -191,7 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     parts = [run_part(name, module_argv, limit) for name, module_argv, limit in plan(args.cpu, args.budgets, skip)]
     environment = next(
-        (r for p in parts if p["part"] in ("checks", "environment") for r in p["records"] if r.get("check") == "environment"),
+        (
+            r
+            for p in parts
+            if p["part"] in ("checks", "environment")
+            for r in p["records"]
+            if r.get("check") == "environment"
+        ),
         {},
     )
     report = {

@@ -271,7 +271,11 @@ def test_a_late_held_out_drop_rolls_back_to_before_it(tmp_path):
     from slime_search.run_handles import RunHandles
 
     # patience 2: the second fall, found late, is the one that rolls back
-    sink, run, guard = MetricsSink(tmp_path), RunFolder(tmp_path), HealthGuard(HealthConfig(eval_drop=0.2, eval_patience=2))
+    sink, run, guard = (
+        MetricsSink(tmp_path),
+        RunFolder(tmp_path),
+        HealthGuard(HealthConfig(eval_drop=0.2, eval_patience=2)),
+    )
     recovery = Recovery(RunHandles(None, run, sink, None, guard))
     for version, em, step in ((2, 0.6, 3), (4, 0.62, 5), (6, 0.3, 9), (8, 0.32, 11)):
         result = EvalResult(version, {"eval/score": em, "eval/em": em}, [], {"time/eval_s": 1.0})

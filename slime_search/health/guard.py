@@ -225,9 +225,10 @@ class HealthGuard:
             if self._drops_in_a_row >= self.config.eval_patience:
                 events.append(Event(version, "rollback", "eval_drop", message, values))
             else:
+                left = self.config.eval_patience - self._drops_in_a_row
                 message += (
-                    "; the checkpoint a rollback to it would use (the newest confirmed one at or before it) is kept, "
-                    "and the run rolls back unless the next evaluation recovers"
+                    "; the checkpoint a rollback to it would use is kept, and the run rolls back if the next "
+                    f"{left} evaluation{'s' if left > 1 else ''} stay{'' if left > 1 else 's'} down"
                 )
                 events.append(Event(version, "warn", "eval_drop", message, values))
         else:

@@ -5,8 +5,11 @@ of those answers for every point a rule could still roll back to before (the gua
 `needed`, so a rollback never finds its target pruned.
 
 A checkpoint of `k` steps is a rollback target once the step that made it and the --health-confirm-steps steps after it
-raised nothing that vetoes confirmation (a warning that changed, a refused update, a skip). Checkpoint 0, the weights
-the run started from, is the user's choice and trusted as it is.
+raised nothing that vetoes confirmation (a warning that changed, a refused update, a skip), or once the held-out set
+vouched for its weights: version `k` scored above every held-out evaluation before it. A warning near a
+checkpoint is a doubt about the steps; the best held-out score yet is evidence about the weights themselves (an
+asynchronous run's early log-prob gap warnings otherwise sent a held-out rollback to step 0, past a version that scored
+0.98). Checkpoint 0, the weights the run started from, is the user's choice and trusted as it is.
 """
 
 from __future__ import annotations
@@ -45,17 +48,33 @@ class RollbackPolicy:
         self.timeline = timeline
 
     def target(self, checkpoints: list[int], before: int) -> int | None:
-        """The newest of `checkpoints` (steps done) at or before `before` whose neighbourhood stayed clean: the step
-        that produced it and the --health-confirm-steps steps after it."""
+        """The newest of `checkpoints` (steps done) at or before `before` that is confirmed (the step that produced
+        it and the --health-confirm-steps steps after it stayed clean) or vouched for by the held-out set."""
         last = self.timeline.last_step()
+        vouched = self.vouched()
         for k in sorted(checkpoints, reverse=True):
             if k == 0 and before >= 0:
                 return 0
-            if k > before or k + self.confirm_steps - 1 > last:
+            if k > before:
+                continue
+            if k in vouched:
+                return k
+            if k + self.confirm_steps - 1 > last:
                 continue
             if not any(s in self.timeline.troubled for s in range(max(0, k - 1), k + self.confirm_steps)):
                 return k
         return None
+
+    def vouched(self) -> set[int]:
+        """The evaluated versions that scored above every evaluation before them. Only a new best: a version within
+        --health-eval-drop of the best may already be sliding (an entropy collapse scored 0.58 against a best of 0.70
+        at the step it began), and a tie adds no evidence over the version it ties."""
+        out, best = set(), float("-inf")
+        for version, value in sorted(self.timeline.evals):
+            if value > best:
+                out.add(version)
+            best = max(best, value)
+        return out
 
     def stop_target(self, checkpoints: list[int], before: int) -> int | None:
         """The checkpoint a stopped run ends on: of those at or before `before`, the best evaluated one when its

@@ -186,3 +186,33 @@ def test_the_held_out_rule_finds_its_target_kept(tmp_path):
     # four falls in a row (versions 60-90), through which pruning at --keep-checkpoints 2 kept the target
     assert rollback.rule == "eval_drop" and rollback.step == 90 and rollback.values[BEFORE] == 50  # 0.6: within 0.2
     assert guard.policy.target(kept, 50) == 50 and 50 in kept
+
+
+def test_a_held_out_rollback_goes_to_the_best_scored_version_past_early_gap_warnings(tmp_path):
+    """Seed 3's one-step replica 3 (docs/benchmarks/health.md): log-prob gap warnings in the first steps (the policy
+    moving fastest) left every early checkpoint unconfirmed, so a held-out rollback went back to step 0, past version 4
+    that had scored 0.98. The version that scored the best evaluation yet is vouched for by the held-out set: the
+    rollback goes there, and pruning at --keep-checkpoints 2 keeps it throughout the wait."""
+    guard = HealthGuard(HealthConfig(eval_drop=0.2))
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    scores = {0: 0.0, 2: 0.5, 4: 0.98, 6: 0.9, 8: 0.6, 10: 0.5, 12: 0.55, 14: 0.5}
+    rollback = None
+    for step in range(15):
+        gap = 0.14 if 2 <= step <= 5 else 0.01  # warned, never escalated
+        guard.review(step, step_record(step, **{"health/logprob_gap_lag1": gap}))
+        version = step + 1
+        if version % 2 == 0:
+            (root / f"iter_{version:07d}").mkdir()
+            (root / "latest_checkpointed_iteration.txt").write_text(str(version))
+        if version in scores:
+            events = guard.review_eval(version, {"eval/score": scores[version]})
+            rollback = next((e for e in events if e.action == "rollback"), rollback)
+        kept = sorted(int(p.name[5:]) for p in root.glob("iter_*"))
+        prune_iterations(root, 2, tuple(guard.policy.needed(kept, guard.rollback_anchors())))
+        if rollback is not None:
+            break
+    assert rollback.rule == "eval_drop" and rollback.step == 14 and rollback.values[BEFORE] == 6
+    # 6 (0.90) is within the margin but below the best and its confirmation window warned; 4 scored the best
+    assert 4 in kept and guard.policy.target(kept, 6) == 4
+    assert guard.policy.vouched() == {2, 4}
