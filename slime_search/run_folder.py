@@ -101,7 +101,14 @@ class RunFolder:
     def rollback_steps(self) -> list[int]:
         """The step of every rollback done (a rollback decision is followed by the event of its completion, which
         names its target), in order."""
-        return [e["step"] for e in self.events() if e["action"] == "rollback" and "to_step" in e.get("values", {})]
+        return [e["step"] for e in self._rollbacks_done()]
+
+    def rollback_targets(self) -> list[int]:
+        """The checkpoint every rollback done went back to, in the order of `rollback_steps`."""
+        return [int(e["values"]["to_step"]) for e in self._rollbacks_done()]
+
+    def _rollbacks_done(self) -> list[dict]:
+        return [e for e in self.events() if e["action"] == "rollback" and "to_step" in e.get("values", {})]
 
     def drop_events_from(self, step: int, attempt: int) -> int:
         """Forget the guard's warnings and skips of steps >= `step` made since the `attempt`-th rollback (a resumed

@@ -67,6 +67,7 @@ def test_a_resume_forgets_the_warnings_it_will_redo_and_keeps_the_rollbacks(tmp_
     assert run.drop_events_from(4, attempt=1) == 1
     assert run.events() == [e for e in events if e["attempt"] == 0 or e["action"] == "stop"]
     assert run.rollback_steps() == [6]
+    assert run.rollback_targets() == [4]  # a resumed guard passes over a target the trouble came back from
 
 
 def test_a_rollback_rewinds_the_tracker_and_sets_the_checkpoints_it_undid_aside(tmp_path):

@@ -88,6 +88,7 @@ class HealthGuard:
         self.config = config
         self.eval_key = f"eval/{reward_key}"
         self.rollback_steps: list[int] = []  # the step of every rollback done, over the run's life
+        self.rollback_targets: list[int] = []  # the checkpoint each of them went back to, in the same order
         self.timeline = Timeline()
         self.policy = RollbackPolicy(config.confirm_steps, self.timeline)
         self._streaks: dict[str, int] = {}  # warning rule -> consecutive steps it held
@@ -110,6 +111,28 @@ class HealthGuard:
 
     def rollback_left(self, step: int) -> bool:
         return self.recent_rollbacks(step) < self.config.max_rollbacks
+
+    def rollback_target(self, checkpoints: list[int], before: int) -> int | None:
+        """Where a rollback for trouble that began after `before` goes: the policy's target, except that a checkpoint
+        a recent rollback already went back to is passed over for the one before it. The trouble came back from there
+        with the remedy applied, so those weights and the steps after them lead to it again (a length blow-up came
+        back step for step after two rollbacks to the same checkpoint, and the run stopped)."""
+        target = self.policy.target(checkpoints, before)
+        while target is not None and target > 0 and target in self._recent_targets():
+            earlier = self.policy.target(checkpoints, target - 1)
+            if earlier is None:
+                break
+            target = earlier
+        return target
+
+    def _recent_targets(self) -> set[int]:
+        """The targets of the rollbacks that still count against the budget (--health-rollback-window)."""
+        window, last = self.config.rollback_window, self.timeline.last_step()
+        return {
+            to
+            for at, to in zip(self.rollback_steps, self.rollback_targets, strict=False)
+            if not window or at > last - window
+        }
 
     # ---- before training: what the rollout returned ---------------------------------------------------------------
     def check_rollout(self, step: int, metrics: dict[str, Any], errors: dict[str, str]) -> list[Event]:
@@ -487,6 +510,8 @@ class HealthGuard:
             anchors.append(self._reward_anchor(windows))
         if self.timeline.evals:
             anchors.append(self._last_good_eval())
+        # a rollback that would go back to a recent rollback's target goes to the checkpoint before it
+        anchors += [to - 1 for to in self._recent_targets() if to > 0]
         return anchors
 
     def checkpoints_needed(self, checkpoints: list[int]) -> set[int]:
@@ -537,6 +562,7 @@ class HealthGuard:
         """The run continues from `to_step` (steps done at the checkpoint), after a rollback decided at `at_step`:
         later history is forgotten."""
         self.rollback_steps.append(at_step)
+        self.rollback_targets.append(to_step)
         self.timeline.forget_from(to_step)
         self._streaks, self._skipped_in_a_row, self._refused, self._repushed_at = {}, 0, [], None
         self._drops_in_a_row = 0
@@ -544,11 +570,16 @@ class HealthGuard:
             self._level = None
 
     def replay(
-        self, records: list[dict[str, Any]], rollback_steps: list[int], grades: dict[int, list[float]] | None = None
+        self,
+        records: list[dict[str, Any]],
+        rollback_steps: list[int],
+        grades: dict[int, list[float]] | None = None,
+        rollback_targets: list[int] | None = None,
     ) -> None:
-        """Rebuild the state of a resumed run from the records it kept (in file order), its rollbacks' steps and the
-        per-question grades of its evaluations (by version)."""
+        """Rebuild the state of a resumed run from the records it kept (in file order), its rollbacks' steps and
+        targets and the per-question grades of its evaluations (by version)."""
         self.rollback_steps = list(rollback_steps)
+        self.rollback_targets = list(rollback_targets if rollback_targets is not None else [])
         for record in records:
             if "time/step_s" in record:
                 self.review(record["step"], record)

@@ -98,7 +98,7 @@ class Recovery:
         replays the records kept, and the remedy of recent rollbacks holds again."""
         h = self.h
         done = h.run.latest_checkpoint()
-        h.guard.rollback_steps = h.run.rollback_steps()
+        h.guard.rollback_steps, h.guard.rollback_targets = h.run.rollback_steps(), h.run.rollback_targets()
         h.run.record_resume(done or 0, h.guard.rollbacks)
         self.follow_remedy(done or 0)
         if done is None:
@@ -112,7 +112,7 @@ class Recovery:
             return 0
         self.restore(done)
         h.run.drop_events_from(done, h.guard.rollbacks)
-        h.guard.replay(h.sink.read(), h.guard.rollback_steps, h.run.eval_grades())
+        h.guard.replay(h.sink.read(), h.guard.rollback_steps, h.run.eval_grades(), h.guard.rollback_targets)
         logger.info("resumed after step %d", done)
         return done
 
@@ -162,7 +162,8 @@ class Recovery:
         h = self.h
         before = int(event.values.get(BEFORE, event.step))
         kept = h.run.checkpoint_steps()
-        target = h.guard.policy.target(kept, before)
+        target = h.guard.rollback_target(kept, before)
+        passed_over = target != h.guard.policy.target(kept, before)
         if not h.guard.rollback_left(event.step):
             budget = f"--max-rollbacks {h.config.health.max_rollbacks} within --health-rollback-window"
             self.stop(event, f"no rollback left ({budget} {h.config.health.rollback_window})", before)
@@ -176,6 +177,8 @@ class Recovery:
         message = f"back to the checkpoint of step {target} ({event.rule} at step {event.step}); lr x{self.lr_scale:g}"
         if schedule.mode != "off":
             message += f", --async-mode {schedule.mode} (max staleness {schedule.staleness})"
+        if passed_over:
+            message += "; the checkpoint a recent rollback went back to was passed over: the trouble came back from it"
         if moved:
             message += f"; the checkpoints of steps {moved} it undid are kept in {aside}"
         values = {"to_step": float(target), "lr_scale": self.lr_scale, "max_staleness": float(schedule.staleness)}

@@ -216,3 +216,50 @@ def test_a_held_out_rollback_goes_to_the_best_scored_version_past_early_gap_warn
     # 6 (0.90) is within the margin but below the best and its confirmation window warned; 4 scored the best
     assert 4 in kept and guard.policy.target(kept, 6) == 4
     assert guard.policy.vouched() == {2, 4}
+
+
+def test_trouble_that_comes_back_from_a_rollback_target_sends_the_next_rollback_further_back(tmp_path):
+    """Seed 5's one-step replica 2 (docs/benchmarks/health.md): a length blow-up from step 13 rolled the run back to
+    checkpoint 10 twice, came back step for step each time, and the run stopped. A checkpoint a recent rollback went
+    back to is passed over for the one before it, which pruning at --keep-checkpoints 2 keeps for that (here the
+    trouble is a collapse of the entropy, which holds as long as it lasts)."""
+    guard = HealthGuard(HealthConfig(patience=4))
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    scores = {2: 0.16, 4: 0.83, 6: 0.98, 8: 0.89, 10: 0.81, 12: 0.81, 14: 0.81, 16: 0.81}  # the run's held-out EM
+
+    def run(steps, blowup_from):
+        rollback = None
+        for step in steps:
+            entropy = 0.01 if step >= blowup_from else 1.0  # the trouble: a collapse that holds from `blowup_from`
+            events = guard.review(step, step_record(step, entropy=entropy))
+            rollback = next((e for e in events if e.action == "rollback"), None)
+            if (step + 1) % 2 == 0:
+                (root / f"iter_{step + 1:07d}").mkdir(exist_ok=True)
+                (root / "latest_checkpointed_iteration.txt").write_text(str(step + 1))
+                guard.review_eval(step + 1, {"eval/score": scores[step + 1]})
+            kept = sorted(int(p.name[5:]) for p in root.glob("iter_*"))
+            prune_iterations(root, 2, tuple(guard.checkpoints_needed(kept)))
+            if rollback is not None:
+                return rollback, sorted(int(p.name[5:]) for p in root.glob("iter_*"))
+        raise AssertionError("no rollback")
+
+    rollback, kept = run(range(17), blowup_from=13)
+    assert rollback.rule == "entropy_collapse" and rollback.values[BEFORE] == 13
+    first = guard.rollback_target(kept, 13)
+    assert first == guard.policy.target(kept, 13) == 10  # the first time: the newest clean checkpoint
+    guard.rolled_back(first, rollback.step)
+    for path in root.glob("iter_*"):  # what the rollback undid is set aside
+        if int(path.name[5:]) > first:
+            path.rename(tmp_path / path.name)
+    rollback, kept = run(range(first, 20), blowup_from=13)  # the same trouble at the same steps, from the same weights
+    assert rollback.values[BEFORE] == 13
+    assert guard.policy.target(kept, 13) == first  # where the policy alone would go again
+    # version 6, the best held-out score, is vouched for and was kept: the second rollback goes there
+    assert guard.rollback_target(kept, 13) == 6 and 6 in kept
+    # a rollback outside --health-rollback-window no longer counts: its target is a target again
+    old = HealthGuard(HealthConfig(rollback_window=5))
+    old.rolled_back(4, at_step=6)
+    for step in range(4, 20):
+        old.review(step, step_record(step))
+    assert old.rollback_target([0, 4], 19) == 4
