@@ -94,7 +94,7 @@ class LocalActor:
 
 class SimManager:
     def __init__(self, world: World):
-        self.world, self.step = world, 0
+        self.world, self.step, self.attempt = world, 0, 0
 
     def generate(self, examples: int):
         from slime_search.rollout.manager import RolloutBatch
@@ -137,6 +137,9 @@ class SimManager:
 
     def load_state_dict(self, state):
         self.step = state["step"]
+
+    def set_sampling_attempt(self, attempt: int):
+        self.attempt = attempt  # the simulated rollouts draw from the world's own generator
 
 
 class SimGroup:
@@ -314,7 +317,9 @@ def week(args, seed: int, work: Path) -> dict:
     except RunStopped as err:
         stopped = str(err)
     h.sink.close()
-    return judge(faults, run.events(), world.saved, run, pruned[0], peak[0], stopped, config)
+    result = judge(faults, run.events(), world.saved, run, pruned[0], peak[0], stopped, config)
+    result["sampling_attempt"] = manager.attempt  # the recovery's word to the rollouts: one more per rollback
+    return result
 
 
 def classify(faults: dict[str, int], events: list[dict]) -> tuple[dict[str, list], list[tuple]]:

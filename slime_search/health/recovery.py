@@ -96,10 +96,14 @@ class Recovery:
     def resume(self) -> int:
         """Continue after the last complete checkpoint of the run folder, if any; returns the next step. The guard
         replays the records kept, and the remedy of recent rollbacks holds again."""
+        import ray
+
         h = self.h
         done = h.run.latest_checkpoint()
         h.guard.rollback_steps, h.guard.rollback_targets = h.run.rollback_steps(), h.run.rollback_targets()
         h.run.record_resume(done or 0, h.guard.rollbacks)
+        if h.guard.rollbacks:  # the timeline it resumes on samples as it did
+            ray.get(h.manager.set_sampling_attempt.remote(h.guard.rollbacks))
         self.follow_remedy(done or 0)
         if done is None:
             # a run killed before its first checkpoint starts again from step 0: its records would be duplicated
@@ -157,6 +161,8 @@ class Recovery:
         """Back to the newest checkpoint that stayed healthy before the trouble began, with the remedy of one more
         recent rollback; returns the step to continue from. Stops the run (ending on the best checkpoint from before
         the trouble) when the budget of recent rollbacks is spent or no checkpoint qualifies."""
+        import ray
+
         from slime_search.rollout.schedule import create_schedule
 
         h = self.h
@@ -184,6 +190,7 @@ class Recovery:
         values = {"to_step": float(target), "lr_scale": self.lr_scale, "max_staleness": float(schedule.staleness)}
         self.report([Event(event.step, "rollback", event.rule, message, {**values, "set_aside": float(len(moved))})])
         self.restore(target)
+        ray.get(h.manager.set_sampling_attempt.remote(h.guard.rollbacks))  # the redone steps draw afresh
         h.rollouts = create_schedule(schedule, h.manager)
         h.rollouts.start(target)
         h.evaluator.rolled_back(target)

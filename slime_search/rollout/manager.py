@@ -143,6 +143,7 @@ class RolloutManager:
 
         log_to_run_folder(config.log_dir, "rollout_manager")  # first, so that the engines' start is in it too
         self.config = config
+        self.sampling_params = dict(config.sampling_params)  # of the current attempt (set_sampling_attempt)
         self.engines = start_engines(config.engines, Path(config.log_dir), gpu_ids)
         self.plugin_args = plugin_args_for(plugin_args, self.engines)
         self.plugins = Plugins.load(config.generate_path, config.reward_path)
@@ -170,7 +171,7 @@ class RolloutManager:
     def generate(self, examples: int = 0) -> RolloutBatch:
         """One training rollout: train samples with GRPO advantages, metrics, and `examples` rendered samples."""
         config = self.config.rollout
-        groups, metrics = self._run(self.source, config, self.config.sampling_params, self.clock)
+        groups, metrics = self._run(self.source, config, self.sampling_params, self.clock)
         everything = [s for g in groups for s in g]
         metrics.update(rollout_metrics(everything))
         metrics.update(idle_metric(self.clock))
@@ -184,7 +185,7 @@ class RolloutManager:
             self.plugin_args,
             self.source,
             StreamConfig(self.config.rollout, max_staleness, batch_order),
-            self.config.sampling_params,
+            self.sampling_params,
             policy_version,
             self.clock,
         )
@@ -309,6 +310,14 @@ class RolloutManager:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.source.load_state_dict(state["data"])
+
+    def set_sampling_attempt(self, attempt: int) -> None:
+        """Training rollouts from now on sample as the run's `attempt`-th timeline does (rollout.attempt_params): the
+        recovery sets it after each rollback and on a resume. A stream already running keeps its parameters: it is
+        restarted after a rollback."""
+        from slime_search.rollout.rollout import attempt_params
+
+        self.sampling_params = attempt_params(self.config.sampling_params, attempt)
 
     def shutdown(self) -> None:
         self.stop_stream()

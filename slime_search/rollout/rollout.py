@@ -99,6 +99,20 @@ async def score(args, sample: Sample, reward: RewardFn, key: str) -> None:
     sample.reward = value
 
 
+ATTEMPT_STRIDE = 2_654_435_761  # an odd multiplier (Knuth's): each attempt's seeds far from every other's
+
+
+def attempt_params(params: dict, attempt: int) -> dict:
+    """The run's sampling parameters for its `attempt`-th timeline (0, then one more after each rollback): the base
+    `sampling_seed` moves with the attempt, so the steps redone after a rollback draw fresh trajectories instead of
+    those of the steps they replace (the same prompts, seeds and weights gave the same first redone step, and a
+    length blow-up came back step for step). A resumed run is on the same attempt, so it draws what it drew."""
+    params = dict(params)
+    if params.get("sampling_seed") is not None and attempt:
+        params["sampling_seed"] = (params["sampling_seed"] + attempt * ATTEMPT_STRIDE) % (1 << 31)
+    return params
+
+
 def trajectory_params(params: dict, index: int) -> dict:
     """Sample `index`'s own sampling parameters: the run's base `sampling_seed` becomes a seed of this trajectory's
     own, so what it draws does not depend on which other requests an engine batched with it (an engine that seeds

@@ -14,6 +14,8 @@ def test_every_fault_gets_its_answer_and_nothing_else_happens(tmp_path, capsys):
     assert all(result["right_action"].values()), result
     assert result["outside_windows"] == [] and result["checkpoints_lost"] == 0 and result["stopped"] is None
     assert result["final"]["step"] == 120 and result["peak_on_disk"] <= result["budget"]
+    # the lr spike's rollback, the week's only one: the redone steps sample as a second attempt, not as the undone ones
+    assert result["sampling_attempt"] == 1
     assert "| 3 |" in capsys.readouterr().out
 
 

@@ -116,6 +116,26 @@ def test_each_trajectory_gets_a_sampling_seed_of_its_own_from_the_runs_base():
     assert sampling_params(flags)["sampling_seed"] == 7 and "sampling_seed" not in sampling_params(flags, greedy=True)
 
 
+def test_the_steps_redone_after_a_rollback_draw_seeds_of_their_own_and_a_resume_draws_the_same():
+    """After a rollback the same prompts come again from the same weights; with the same seeds the first redone step
+    would be the undone one. Each attempt (0, then one more per rollback) moves every trajectory's seed; the same
+    attempt, as a resume replays it, gives the same seeds."""
+    from slime_search.rollout.rollout import attempt_params, trajectory_params
+
+    base = {"temperature": 1.0, "sampling_seed": 42}
+    assert attempt_params(base, 0) == base and base["sampling_seed"] == 42
+    seeds = {
+        attempt: [trajectory_params(attempt_params(base, attempt), i)["sampling_seed"] for i in range(64)]
+        for attempt in range(4)
+    }
+    assert all(len(set(s)) == 64 and all(0 <= x < 2**31 for x in s) for s in seeds.values())
+    for a in range(4):
+        for b in range(a + 1, 4):
+            assert not set(seeds[a]) & set(seeds[b]), (a, b)  # no trajectory of one attempt repeats another's
+    assert seeds[2] == [trajectory_params(attempt_params(base, 2), i)["sampling_seed"] for i in range(64)]
+    assert attempt_params({"temperature": 0.0}, 3) == {"temperature": 0.0}  # greedy: nothing to move
+
+
 def test_advantages_skip_failed_samples_and_split_balances_tokens():
     samples = []
     for group, rewards in enumerate([[1.0, 0.0, 0.0], [1.0, 0.0]]):
