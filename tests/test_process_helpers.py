@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 
 import psutil
 
@@ -14,6 +15,11 @@ def test_a_process_that_ended_after_it_was_listed_is_left_out_and_the_living_are
     ended.wait()
     living = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
+        # Popen returns once the child is forked; until it has exec'd, its command line is not its own yet (read empty
+        # under load in CI)
+        deadline = time.monotonic() + 30
+        while "time.sleep(60)" not in " ".join(psutil.Process(living.pid).cmdline()) and time.monotonic() < deadline:
+            time.sleep(0.01)
         processes = [listed, psutil.Process(living.pid)]
         assert [pid for pid, _ in named(processes)] == [living.pid]
         ((_, command),) = named(processes, command_line=True)
