@@ -113,17 +113,9 @@ class HealthGuard:
         return self.recent_rollbacks(step) < self.config.max_rollbacks
 
     def rollback_target(self, checkpoints: list[int], before: int) -> int | None:
-        """Where a rollback for trouble that began after `before` goes: the policy's target, except that a checkpoint
-        a recent rollback already went back to is passed over for the one before it. The trouble came back from there
-        with the remedy applied, so those weights and the steps after them lead to it again (a length blow-up came
-        back step for step after two rollbacks to the same checkpoint, and the run stopped)."""
-        target = self.policy.target(checkpoints, before)
-        while target is not None and target > 0 and target in self._recent_targets():
-            earlier = self.policy.target(checkpoints, target - 1)
-            if earlier is None:
-                break
-            target = earlier
-        return target
+        """Where a rollback for trouble that began after `before` goes (RollbackPolicy.target), passing over the
+        targets of recent rollbacks: the trouble came back from there with the remedy applied."""
+        return self.policy.target(checkpoints, before, passed_over=self._recent_targets())
 
     def _recent_targets(self) -> set[int]:
         """The targets of the rollbacks that still count against the budget (--health-rollback-window)."""

@@ -47,9 +47,23 @@ class RollbackPolicy:
         self.confirm_steps = confirm_steps
         self.timeline = timeline
 
-    def target(self, checkpoints: list[int], before: int) -> int | None:
+    def target(
+        self, checkpoints: list[int], before: int, passed_over: frozenset[int] | set[int] = frozenset()
+    ) -> int | None:
         """The newest of `checkpoints` (steps done) at or before `before` that is confirmed (the step that produced
-        it and the --health-confirm-steps steps after it stayed clean) or vouched for by the held-out set."""
+        it and the --health-confirm-steps steps after it stayed clean) or vouched for by the held-out set. A target in
+        `passed_over` (where a recent rollback went and the trouble came back from: the same weights and steps lead to
+        it again; a length blow-up came back step for step twice and stopped a run) gives way to the one before it,
+        when one qualifies."""
+        target = self._newest_good(checkpoints, before)
+        while target is not None and target > 0 and target in passed_over:
+            earlier = self._newest_good(checkpoints, target - 1)
+            if earlier is None:
+                break
+            target = earlier
+        return target
+
+    def _newest_good(self, checkpoints: list[int], before: int) -> int | None:
         last = self.timeline.last_step()
         vouched = self.vouched()
         for k in sorted(checkpoints, reverse=True):
