@@ -2,16 +2,16 @@
 
     bash scripts/gpu_kit_wheels.sh wheels/          # where a network is: the wheels the GPU machine lacks (< 64 MiB)
     pip install --no-deps wheels/*.whl              # on the GPU machine, in the checkout
-    python -m benchmarks.gpu_kit --out gpu_kit/     # one CUDA GPU, about 8 minutes
+    python -m benchmarks.gpu_kit --out gpu_kit/     # one CUDA GPU, 5.5 minutes on an H200
     python -m benchmarks.gpu_kit --cpu --out gpu_kit/   # the same steps, tiny model, CPU (2 min of CPU time)
 
 Three parts, each in processes of its own (a fresh device each, a time limit each, and a part that fails is recorded
 without stopping the others):
 (a) checks: `benchmarks.megatron_gpu_checks`, the actor against Hugging Face on the device (logits, packed log-probs,
     GRPO steps, the colocated hand-over, the weight gather, the packed attention against the local one);
-(b) step: `benchmarks.gpu_kit_step` once per attention implementation, the packed attention against Megatron's
-    local one on a Qwen2.5-3B-shaped model, at 2k, 4k and 8k tokens per micro-batch (CPU: the tiny model at 64, 128,
-    256): step time, tokens/s, MFU, peak memory;
+(b) step: `benchmarks.gpu_kit_step` once per attention implementation and budget (on CPU once per
+    implementation), the packed attention against Megatron's local one on a Qwen2.5-3B-shaped model, at 2k, 4k and
+    8k tokens per micro-batch (CPU: the tiny model at 64, 128, 256): step time, tokens/s, MFU, peak memory;
 (c) loop: `benchmarks.gpu_kit_loop`, 3 GRPO steps colocated on the one device without Ray (0.5B-shaped on CUDA):
     weight_version, rollout/weight_version, train/train_rollout_logprob_abs_diff, time/sync_s per step.
 Writes OUT/gpu_kit.json (every record of every part, with each part's return code, seconds and log tail) and
@@ -66,18 +66,58 @@ def run_part(name: str, argv: list[str], timeout_s: float) -> dict:
     }
 
 
+CUDA_BUDGETS = "2048,4096,8192"
+
+
 def plan(cpu: bool, budgets: str | None, skip: set[str]) -> list[tuple[str, list[str], float]]:
     """(part name, module argv, time limit in seconds) in the order they run: the correctness checks first, then the
-    steps, then the loop. On CUDA the limits sum to 8 minutes; on CPU each part may take 4 (a shared CI machine)."""
+    steps, then the loop. On CUDA each step budget runs in a process of its own: run one after another in one process,
+    a budget inherited the allocator's layout of the one before (the local attention at 4,096 tokens ran out of memory
+    after 2,048 on an H200, and fit at 135.7 GiB alone). The CUDA limits sum to under 10 minutes; on CPU each part may
+    take 4 (a shared CI machine) and each attention's budgets share one process."""
     flag = ["--cpu"] if cpu else []
-    step_budgets = ["--budgets", budgets] if budgets else []
     parts = [("checks", ["benchmarks.megatron_gpu_checks", *(["--families", "qwen2"] if cpu else [])], 90)]
     for impl in ("packed", "local"):
-        parts.append((f"step_{impl}", ["benchmarks.gpu_kit_step", "--attention-impl", impl, *flag, *step_budgets], 130))
+        step = ["benchmarks.gpu_kit_step", "--attention-impl", impl, *flag]
+        if cpu:
+            parts.append((f"step_{impl}", step + (["--budgets", budgets] if budgets else []), 240))
+            continue
+        for budget in (budgets or CUDA_BUDGETS).split(","):
+            parts.append((f"step_{impl}_{budget}", step + ["--budgets", budget], 60))
     parts.append(("loop", ["benchmarks.gpu_kit_loop", *flag], 130))
     parts = [(name, argv, 240 if cpu else limit) for name, argv, limit in parts if name.split("_")[0] not in skip]
     if "checks" in skip:  # the tables still name the device and the software they were measured on
         parts.insert(0, ("environment", ["benchmarks.megatron_gpu_checks", "--families", ""], 240 if cpu else 60))
+    return parts
+
+
+def out_of_memory(part: dict) -> bool:
+    return any(str(r.get("error", "")).startswith("out of memory") for r in part["records"])
+
+
+def run_plan(planned: list[tuple[str, list[str], float]], runner=run_part) -> list[dict]:
+    """Run the parts in order; an attention that ran out of memory at one budget is not tried at larger ones (they
+    need more), and the skipped budgets are recorded as such."""
+    parts, exhausted = [], set()
+    for name, argv, limit in planned:
+        impl = name.split("_")[1] if name.startswith("step_") else None
+        if impl in exhausted:
+            record = {"attention_impl": impl, "tokens_per_micro_batch": int(argv[-1]), "tokens_per_step": None}
+            record["error"] = "not run: a smaller budget ran out of memory"
+            parts.append(
+                {
+                    "part": name,
+                    "argv": ["python", "-m", *argv],
+                    "returncode": 0,
+                    "seconds": 0.0,
+                    "records": [record],
+                    "log_tail": "",
+                }
+            )
+            continue
+        parts.append(runner(name, argv, limit))
+        if impl and out_of_memory(parts[-1]):
+            exhausted.add(impl)
     return parts
 
 
@@ -189,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     skip = set(filter(None, args.skip.split(",")))
-    parts = [run_part(name, module_argv, limit) for name, module_argv, limit in plan(args.cpu, args.budgets, skip)]
+    parts = run_plan(plan(args.cpu, args.budgets, skip))
     environment = next(
         (
             r

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks.gpu_kit import plan, run_part
+from benchmarks.gpu_kit import plan, run_part, run_plan
 
 
 @pytest.mark.slow
@@ -66,6 +66,36 @@ def test_the_kit_runs_its_step_and_loop_modules_as_its_parts():
         "step_local": "benchmarks.gpu_kit_step",
         "loop": "benchmarks.gpu_kit_loop",
     }
+
+
+def test_on_cuda_each_step_budget_has_a_process_of_its_own():
+    """Run one after another in one process, a budget inherited the allocator's layout of the one before: on an H200
+    the local attention at 4,096 tokens ran out of memory after 2,048, and fit alone."""
+    steps = [(name, argv) for name, argv, _ in plan(cpu=False, budgets=None, skip=set()) if name.startswith("step_")]
+    assert [name for name, _ in steps] == [f"step_{i}_{b}" for i in ("packed", "local") for b in (2048, 4096, 8192)]
+    assert all(argv[-2:] == ["--budgets", name.split("_")[2]] for name, argv in steps)
+    limits = sum(limit for _, _, limit in plan(cpu=False, budgets=None, skip=set()))
+    assert limits < 600  # the whole kit fits one ten-minute command
+
+
+def test_an_attention_out_of_memory_at_one_budget_is_not_tried_at_larger_ones():
+    ran = []
+
+    def runner(name, argv, timeout_s):
+        ran.append(name)
+        error = {"error": "out of memory: CUDA out of memory"} if name == "step_local_4096" else {}
+        return {"part": name, "returncode": 0, "records": [error]}
+
+    parts = run_plan(plan(cpu=False, budgets=None, skip={"checks", "loop", "environment"}), runner=runner)
+    assert ran == [
+        "environment",
+        *(f"step_packed_{b}" for b in (2048, 4096, 8192)),
+        "step_local_2048",
+        "step_local_4096",
+    ]
+    skipped = parts[-1]
+    assert skipped["part"] == "step_local_8192" and skipped["records"][0]["tokens_per_micro_batch"] == 8192
+    assert skipped["records"][0]["error"].startswith("not run")
 
 
 def test_a_part_that_fails_or_overruns_is_recorded_not_raised():
