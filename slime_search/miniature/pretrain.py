@@ -35,7 +35,8 @@ from pathlib import Path
 @dataclass(frozen=True)
 class PretrainConfig:
     steps: int = 800  # at most
-    target_loss: float = 0.05  # stop once the mean loss of the last `window` steps is below this
+    target_loss: float = 0.03  # stop once the mean loss of the last `window` steps is below this (0.05 left one
+    # seed of three answering a city it had not read: held-out EM 0.83 after GRPO instead of 0.89)
     window: int = 20
     batch_size: int = 32
     lr: float = 3e-3
@@ -172,18 +173,9 @@ def pretrain(
     for step in range(config.steps):
         for group in optimizer.param_groups:
             group["lr"] = config.lr * min(1.0, (step + 1) / max(1, config.warmup_steps))
-        batch = generator.sample(documents, min(config.batch_size - n_long, len(documents)))
-        batch += generator.sample(long_documents, min(n_long, len(long_documents)))
-        width = max(len(doc.ids) for doc in batch)
-        inputs = torch.zeros(len(batch), width, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        attention = torch.zeros(len(batch), width, dtype=torch.long)
-        for row, doc in enumerate(batch):
-            n = len(doc.ids)
-            inputs[row, :n] = torch.tensor(doc.ids)
-            attention[row, :n] = 1
-            labels[row, :n] = torch.tensor([t if m else -100 for t, m in zip(doc.ids, doc.loss_mask, strict=True)])
-        loss = model(input_ids=inputs, attention_mask=attention, labels=labels).loss
+        short = generator.sample(documents, min(config.batch_size - n_long, len(documents)))
+        long = generator.sample(long_documents, min(n_long, len(long_documents)))
+        loss = batch_loss(model, [short, long])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -200,6 +192,40 @@ def pretrain(
             break
     model.eval()
     return losses
+
+
+def padded(batch: list[Document]):
+    """Input ids, attention mask and labels (-100 outside the loss mask and on padding) of one right-padded batch."""
+    import torch
+
+    width = max(len(doc.ids) for doc in batch)
+    inputs = torch.zeros(len(batch), width, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    attention = torch.zeros(len(batch), width, dtype=torch.long)
+    for row, doc in enumerate(batch):
+        n = len(doc.ids)
+        inputs[row, :n] = torch.tensor(doc.ids)
+        attention[row, :n] = 1
+        labels[row, :n] = torch.tensor([t if m else -100 for t, m in zip(doc.ids, doc.loss_mask, strict=True)])
+    return inputs, attention, labels
+
+
+def batch_loss(model, groups: list[list[Document]]):
+    """The mean next-token loss over every loss token of the groups together, each group padded to its own longest
+    document: the documents under the whole instruction prompt are about three times the others' length, and one
+    padded batch spent most of its positions on padding."""
+    import torch
+
+    total, count = 0.0, 0
+    for group in (g for g in groups if g):
+        inputs, attention, labels = padded(group)
+        logits = model(input_ids=inputs, attention_mask=attention).logits[:, :-1]
+        targets = labels[:, 1:]
+        total = total + torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum"
+        )
+        count += int((targets != -100).sum())
+    return total / max(count, 1)
 
 
 def pretrain_on_task(model, tokenizer, task_dir: str | Path, config: PretrainConfig, log=print) -> list[float]:

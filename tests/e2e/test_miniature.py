@@ -342,6 +342,39 @@ def test_pretraining_lowers_the_reading_loss(miniature):
     assert not model.training
 
 
+def test_pretraining_loss_by_length_groups_is_the_one_padded_batchs(miniature):
+    """Each group padded to its own longest document: the loss and every gradient are those of the whole batch
+    padded to its longest, the mean over all loss tokens (not a mean of the groups' means)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from slime_search.miniature.pretrain import batch_loss, padded, passages_by_title, reading_document
+
+    tokenizer = AutoTokenizer.from_pretrained(miniature / "policy")
+    model = AutoModelForCausalLM.from_pretrained(miniature / "policy", dtype=torch.float64)
+    passages = passages_by_title(miniature / "task" / "corpus.jsonl")
+    questions = [f"Where was {title} born?" for title in list(passages)[:40] if " " in title][:5]
+    short = [reading_document(q, tokenizer, passages, 96) for q in questions[:4]]
+    long = [reading_document(questions[4], tokenizer, passages, 96, full_prompt=True)]
+    assert len(long[0].ids) > 2 * max(len(d.ids) for d in short)
+
+    def loss_and_grads(compute):
+        model.zero_grad()
+        loss = compute()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    grouped, grouped_grads = loss_and_grads(lambda: batch_loss(model, [short, long]))
+    whole, whole_grads = loss_and_grads(lambda: batch_loss(model, [short + long]))
+    assert torch.allclose(grouped, whole, rtol=1e-10), (grouped, whole)
+    inputs, attention, labels = padded(short + long)  # one group's loss is Hugging Face's (which upcasts to fp32)
+    hf_loss = model(input_ids=inputs, attention_mask=attention, labels=labels).loss
+    assert abs(float(hf_loss) - float(whole)) < 1e-6 * float(whole)
+    assert all(torch.allclose(a, b, rtol=1e-8, atol=1e-12) for a, b in zip(grouped_grads, whole_grads, strict=True))
+    separately = (batch_loss(model, [short]) + batch_loss(model, [long])) / 2
+    assert not torch.isclose(separately.detach(), whole)  # the groups' tokens differ in number: weighting matters
+
+
 def test_pretraining_stops_once_its_loss_is_below_the_target(miniature):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -36,9 +36,15 @@ def test_grpo_raises_held_out_em_and_search_rate_from_the_sft_start(tmp_path):
     done = subprocess.run(["bash", str(script)], env=env, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
+    sft = [json.loads(line) for line in (tmp_path / "run" / "sft" / "metrics.jsonl").read_text().splitlines()]
+    sft_steps = [r for r in sft if "train/sft_loss" in r]
+    assert len(sft_steps) == 60
+    # SFT's loss needs no old log-probs, so none are computed: no gap against the demonstrator (another model)
+    assert not any("health/logprob_gap" in r for r in sft_steps)
     records = [json.loads(line) for line in (tmp_path / "run" / "rl" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval/em" in r]
     assert [r["step"] for r in evals] == [0, 4, 8]
+    assert all("health/logprob_gap" in r for r in records if "train/loss" in r)  # GRPO computes them
     first, last = evals[0], evals[-1]
     assert first["eval/n"] == last["eval/n"] == 32
     assert first["eval/search_rate"] <= 0.2, first  # the SFT start mostly guesses
