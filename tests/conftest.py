@@ -13,15 +13,40 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 SESSION_ENGINE_FIXTURES = {"sglang_engine"}  # session-scoped servers: their tests share one worker, so one server
 
 
+SHARED_SCOPES = ("module", "class", "package")  # a fixture of these scopes is made once for the tests that share it
+
+
+def xdist_group(item) -> str | None:
+    """The worker group of a test under `--dist loadgroup`: every test of the session's SGLang engine together (one
+    engine, not two); the tests of a module together when they use a module-, class- or package-scoped fixture (a
+    trained run, a Ray session, an engine: made once); any other test alone (None), free to run beside its own module's
+    tests on the other worker. A module whose whole-training tests share nothing no longer runs them one after
+    another on one worker."""
+    names = set(getattr(item, "fixturenames", ()))
+    if SESSION_ENGINE_FIXTURES & names:
+        return "session-engine"
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(defs and defs[-1].scope in SHARED_SCOPES for name, defs in definitions.items() if name in names):
+        return item.nodeid.split("::")[0]
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """Under `-n N --dist loadgroup` (pytest-xdist): a module's tests stay on one worker, so that a module-scoped
-    fixture (a trained run, a Ray session, an engine) is made once, and so do all the tests of a session-scoped
-    engine. Runs before xdist reads the groups (tryfirst); without xdist the marks do nothing."""
+    """Under `-n N --dist loadgroup` (pytest-xdist): the slow modules first, and the groups of `xdist_group`. Runs
+    before xdist reads them (tryfirst); without xdist the marks do nothing and the order is the same."""
+    items[:] = slow_modules_first(items)
     for item in items:
-        uses_session_engine = SESSION_ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
-        group = "session-engine" if uses_session_engine else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def slow_modules_first(items: list) -> list:
+    """The modules with a test marked slow first, each module's tests together and in order: the workers take the
+    long runs while there is other work to fill in beside them, instead of one long run last holding the suite."""
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow") is not None}
+    return sorted(items, key=lambda item: item.nodeid.split("::")[0] not in slow)
 
 
 @pytest.fixture

@@ -1,0 +1,57 @@
+"""Which tests share a worker under `--dist loadgroup` (tests/conftest.py): those that share a fixture made once."""
+
+from types import SimpleNamespace
+
+from tests.conftest import slow_modules_first, xdist_group
+
+
+def item(nodeid, slow=False, **scopes):
+    """A collected test using fixtures of the given scopes (name=scope), marked slow or not."""
+    definitions = {name: [SimpleNamespace(scope=scope)] for name, scope in scopes.items()}
+    return SimpleNamespace(
+        nodeid=nodeid,
+        fixturenames=list(scopes),
+        _fixtureinfo=SimpleNamespace(name2fixturedefs=definitions),
+        get_closest_marker=lambda name: object() if slow and name == "slow" else None,
+    )
+
+
+def test_modules_with_a_slow_test_go_first_and_each_module_stays_together_in_order():
+    """Moved apart, a module's tests would tear down and make its module-scoped fixtures again."""
+    items = [
+        item("tests/a/test_quick.py::test_1"),
+        item("tests/e2e/test_run.py::test_fast_check"),
+        item("tests/e2e/test_run.py::test_whole_run", slow=True),
+        item("tests/z/test_quick.py::test_2"),
+        item("tests/z/test_long.py::test_3", slow=True),
+    ]
+    order = [i.nodeid for i in slow_modules_first(items)]
+    assert order == [
+        "tests/e2e/test_run.py::test_fast_check",
+        "tests/e2e/test_run.py::test_whole_run",
+        "tests/z/test_long.py::test_3",
+        "tests/a/test_quick.py::test_1",
+        "tests/z/test_quick.py::test_2",
+    ]
+
+
+def test_tests_sharing_a_module_or_class_fixture_share_a_worker_and_the_rest_go_free():
+    assert xdist_group(item("tests/e2e/test_a.py::test_one", trained_run="module")) == "tests/e2e/test_a.py"
+    assert xdist_group(item("tests/e2e/test_a.py::T::test_two", engine="class", tmp_path="function")) == (
+        "tests/e2e/test_a.py"
+    )
+    # whole runs that share nothing may run on both workers at once
+    assert xdist_group(item("tests/e2e/test_a.py::test_three", tmp_path="function", tiny_checkpoint="session")) is None
+    assert xdist_group(item("tests/e2e/test_a.py::test_four")) is None
+    # the session's SGLang engine: one group across modules, so one engine
+    assert xdist_group(item("tests/x/test_b.py::test_five", sglang_engine="session")) == "session-engine"
+
+
+def test_an_overridden_fixture_counts_with_the_scope_of_the_definition_the_test_gets():
+    """pytest lists a name's definitions outermost first; the test gets the last one."""
+    overridden = item("tests/test_c.py::test_six", run="function")
+    overridden._fixtureinfo.name2fixturedefs["run"] = [
+        SimpleNamespace(scope="module"),
+        SimpleNamespace(scope="function"),
+    ]
+    assert xdist_group(overridden) is None
