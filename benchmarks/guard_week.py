@@ -244,7 +244,7 @@ def run_config(args, run_dir: Path):
     from slime_search.rollout.schedule import ScheduleConfig
     from slime_search.run_config import RunConfig
 
-    loss = SimpleNamespace(loss_type="policy_loss", tis_cap=2.0, mis=None)
+    loss = SimpleNamespace(uses_old_log_probs=True, tis_cap=2.0, mis=None)
     return RunConfig(
         run_dir=str(run_dir),
         num_rollout=args.steps,

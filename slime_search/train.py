@@ -107,7 +107,7 @@ def train_on(h, recovery, batch, step: int) -> dict[str, float]:
     from slime_search.ray.train_group import split_into_steps
 
     config = h.config
-    if config.actor.loss.loss_type != "sft":  # SFT has no old policy: train/sft_loss is the demonstration's fit
+    if config.actor.loss.uses_old_log_probs:
         h.group.prepare(batch.samples)
     metrics = batch_signals(batch.samples, step, config.actor.loss.tis_cap)
     recovery.report(h.guard.check_batch(step, metrics))

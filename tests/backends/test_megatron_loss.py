@@ -71,6 +71,17 @@ def test_sft_loss_is_the_masked_negative_log_likelihood_at_temperature():
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
+def test_only_sft_goes_without_the_old_log_probs():
+    """The driver computes the old policy's log-probs only for a loss that reads them: SFT's is computed from the
+    current logits alone (its samples here have none), the policy loss's is not."""
+    samples, packed, logits = make_batch()
+    assert all(s.old_log_probs is None for s in samples)
+    assert not LossConfig(loss_type="sft").uses_old_log_probs
+    loss, _ = micro_batch_loss(logits, packed, samples, LossConfig(loss_type="sft"), num_tokens=4, num_sequences=2)
+    assert torch.isfinite(loss)
+    assert LossConfig(loss_type="policy_loss").uses_old_log_probs
+
+
 def test_kl_and_tis_need_their_inputs():
     samples, packed, logits = make_batch()
     with pytest.raises(ValueError, match="TIS/MIS need the engine's log-probs"):

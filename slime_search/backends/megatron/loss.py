@@ -46,6 +46,12 @@ class LossConfig:
     temperature: float = 1.0
     vocab_size: int | None = None  # the real vocabulary: Megatron's padding columns are excluded
 
+    @property
+    def uses_old_log_probs(self) -> bool:
+        """Whether the loss needs the policy's log-probs from before the step (PPO's ratio, TIS, MIS). SFT's does not:
+        it is the demonstration's likelihood under the current weights, so no forward pass is spent on them."""
+        return self.loss_type != "sft"
+
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"unknown --loss-type {self.loss_type!r}; valid: {', '.join(LOSS_TYPES)}")
