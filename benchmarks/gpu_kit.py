@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -89,6 +90,14 @@ def plan(cpu: bool, budgets: str | None, skip: set[str]) -> list[tuple[str, list
     if "checks" in skip:  # the tables still name the device and the software they were measured on
         parts.insert(0, ("environment", ["benchmarks.megatron_gpu_checks", "--families", ""], 240 if cpu else 60))
     return parts
+
+
+def _short_error(error: str) -> str:
+    """The error's head for a table cell: an out-of-memory error keeps how much it asked for, with its unit."""
+    asked = re.search(r"Tried to allocate [0-9.]+ [KMG]iB", error)
+    if error.startswith("out of memory") and asked:
+        return f"out of memory ({asked.group(0)[len('Tried to allocate ') :]} asked)"
+    return error[:80]
 
 
 def out_of_memory(part: dict) -> bool:
@@ -164,9 +173,10 @@ def markdown(report: dict) -> str:
             "|---|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in steps:
-            head = f"| {r['attention_impl']} | {r['tokens_per_micro_batch']} | {r['tokens_per_step']} |"
+            impl = r["attention_impl"] + (" + full recompute" if r.get("recompute") else "")
+            head = f"| {impl} | {r['tokens_per_micro_batch']} | {r['tokens_per_step']} |"
             if "error" in r:
-                lines.append(f"{head} {r['error'][:60]} | | | | |")
+                lines.append(f"{head} {_short_error(r['error'])} | | | | |")
                 continue
             first = r.get("first_step") or {}
             mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"

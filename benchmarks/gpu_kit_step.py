@@ -2,6 +2,7 @@
 
     python -m benchmarks.gpu_kit_step --attention-impl packed --budgets 2048,4096,8192      # CUDA: Qwen2.5-3B shape
     python -m benchmarks.gpu_kit_step --attention-impl local --cpu                           # CPU: the tiny shape
+    python -m benchmarks.gpu_kit_step --attention-impl packed --recompute --budgets 8192       # as the 3B recipe runs
 
 Part (b) of `benchmarks.gpu_kit`, which runs it once per implementation so that each gets a fresh process and
 device. Random weights seeded alike (both implementations start from the same weights: the first step's loss and
@@ -57,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=None, help="longest sample; the shortest is half of it")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per budget (CUDA: 2, CPU: 1)")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100 and H200 SXM: 989)")
+    parser.add_argument(
+        "--recompute", action="store_true", help="the 3B recipe's full recompute (uniform, one layer at a time)"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -81,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (2 if cuda else 1)
     init_megatron(0, 1, tp_size=1, master_port=free_port(), seed=1234)
     shape = ModelShape(*(GPU_SHAPE if cuda else CPU_SHAPE))
-    options = ModelOptions(params_dtype=torch.bfloat16 if cuda else torch.float32, attention_impl=args.attention_impl)
+    recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    options = ModelOptions(
+        params_dtype=torch.bfloat16 if cuda else torch.float32,
+        attention_impl=args.attention_impl,
+        **(recompute if args.recompute else {}),
+    )
     model = build_gpt_model(shape, options)
     if cuda:
         model = model.cuda()
@@ -98,7 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     first_step = None
     for budget in budgets:
         actor.config = dataclasses.replace(config, max_tokens_per_micro_batch=budget)
-        record = {"attention_impl": args.attention_impl, "tokens_per_micro_batch": budget, "tokens_per_step": tokens}
+        record = {
+            "attention_impl": args.attention_impl,
+            "recompute": model.config.recompute_granularity,  # as the built model holds it
+            "tokens_per_micro_batch": budget,
+            "tokens_per_step": tokens,
+        }
         try:
             if cuda:
                 torch.cuda.synchronize()

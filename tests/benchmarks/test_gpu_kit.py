@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks.gpu_kit import plan, run_part, run_plan
+from benchmarks.gpu_kit import _short_error, plan, run_part, run_plan
 
 
 @pytest.mark.slow
@@ -125,3 +125,32 @@ def test_a_kit_run_without_its_checks_still_names_the_device_it_measured(tmp_pat
     assert [p["part"] for p in report["parts"]] == ["environment"]
     assert report["environment"]["device"] == "cpu" and report["environment"]["torch"]
     assert (tmp_path / "gpu_kit.md").read_text().startswith("# GPU kit: cpu\n")
+
+
+def test_an_out_of_memory_cell_keeps_what_was_asked_with_its_unit():
+    error = "out of memory: CUDA out of memory. Tried to allocate 584.00 MiB. GPU 0 has a total capacity of 79.19 GiB"
+    assert _short_error(error) == "out of memory (584.00 MiB asked)"
+    assert _short_error("not run: a smaller budget ran out of memory") == "not run: a smaller budget ran out of memory"
+
+
+@pytest.mark.slow
+def test_the_recipes_full_recompute_changes_the_steps_memory_not_its_result():
+    """`--recompute` sizes the step as the 3B recipe runs it (full, uniform, one layer): the same first loss and
+    gradient norm as without it, from the same weights."""
+
+    def first_step(*flags):
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.gpu_kit_step", "--attention-impl", "packed", "--cpu", "--budgets", "128"]
+            + list(flags),
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=True,
+        )
+        (record,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        return record
+
+    plain, recomputed = first_step(), first_step("--recompute")
+    assert (plain["recompute"], recomputed["recompute"]) == (None, "full")
+    assert recomputed["first_step"]["loss"] == pytest.approx(plain["first_step"]["loss"], rel=1e-6, abs=1e-8)
+    assert recomputed["first_step"]["grad_norm"] == pytest.approx(plain["first_step"]["grad_norm"], rel=1e-6)
