@@ -201,13 +201,15 @@ def summary(run: Path) -> dict[str, float]:
 
 
 def health_summary(run: Path) -> dict[str, float]:
-    """What the health guard did in a run: its rollbacks, warnings and whether it stopped the run."""
+    """What the health guard did in a run: its rollbacks, warnings, watched held-out falls and whether it stopped the
+    run."""
     from slime_search.health.verdict import completed_rollbacks
 
     events = health_events(run)
     return {
         "rollbacks": len(completed_rollbacks(events)),  # one per checkpoint gone back to, not per logged line
         "warnings": sum(e.get("action") == "warn" for e in events),
+        "watches": sum(e.get("action") == "watch" for e in events),
         "stopped": float(stopped(run)),
         "ended_on_best": float(ended_on_best(run) if ended_on_best(run) is not None else -1),
     }

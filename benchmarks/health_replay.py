@@ -53,14 +53,14 @@ def summary(run: Path, config: HealthConfig, margin: float, key: str = "eval/em"
     grades = {r["step"]: r["grades"] for r in read_records(run / "eval_grades.jsonl")}
     events = replay(records, config, grades)
     evals = [(r["step"], r[key]) for r in records if key in r and "time/eval_s" in r]
-    first = {action: next((e for e in events if e.action == action), None) for action in ("warn", "rollback")}
+    signs = [e for e in events if e.action in ("warn", "watch")]  # a held-out fall the guard waits on is a first sign
     return {
         "run": run.name,
         "evals": evals,
         "drop_at": first_drop(records, key, margin),
-        "warn": first["warn"],
-        "rollback": first["rollback"],
-        "warnings": sum(e.action == "warn" for e in events),
+        "warn": signs[0] if signs else None,
+        "rollback": next((e for e in events if e.action == "rollback"), None),
+        "warnings": len(signs),
         "end_on_best": next((e for e in events if e.action == "end_on_best"), None),
     }
 
@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = health_config(args)
     print(
-        f"| run | held-out EM by version | EM {args.drop} below its best | first warning | first rollback | "
-        "lead (versions) | warnings | ends on |"
+        f"| run | held-out EM by version | EM {args.drop} below its best | first warning or watch | first rollback | "
+        "lead (versions) | warnings and watches | ends on |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for run in args.runs:

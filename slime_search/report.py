@@ -294,7 +294,7 @@ pre { white-space: pre-wrap; background: #fafafa; padding: 0.6em; border: 1px so
 .verdict { font-size: 18px; font-weight: bold; padding: 0.5em 0.8em; border-radius: 4px; }
 .verdict.healthy { background: #d8f3dc; color: #1b5e20; } .verdict.warned { background: #fff3c4; color: #7a5a00; }
 .verdict.rolled_back { background: #ffe0c2; color: #a84300; } .verdict.stopped { background: #ffd6d6; color: #a00000; }
-tr.warn td { background: #fffbe6; } tr.refuse td, tr.skip td { background: #fff1e0; }
+tr.watch td { background: #eef5ff; } tr.warn td { background: #fffbe6; } tr.refuse td, tr.skip td { background: #fff1e0; }
 tr.rollback td { background: #ffe0c2; } tr.stop td { background: #ffd6d6; font-weight: bold; }
 """
 

@@ -285,4 +285,4 @@ def test_a_late_held_out_drop_rolls_back_to_before_it(tmp_path):
     records = sink.read()
     assert [(r["step"], r["eval/lag_steps"]) for r in records] == [(2, 1), (4, 1), (6, 3), (8, 3)]
     events = [json.loads(line) for line in run.health.read_text().splitlines()]
-    assert [(e["action"], e["rule"]) for e in events] == [("warn", "eval_drop"), ("rollback", "eval_drop")]
+    assert [(e["action"], e["rule"]) for e in events] == [("watch", "eval_drop"), ("rollback", "eval_drop")]

@@ -40,7 +40,9 @@ from slime_search.health.config import HealthConfig
 from slime_search.health.heldout import paired_drop_is_real
 from slime_search.health.policy import RollbackPolicy, Timeline
 
-ACTIONS = ("warn", "refuse", "skip", "repush", "rollback", "stop", "end_on_best")
+# "watch" is the guard's notice, not a warning: a first held-out fall, whose checkpoint it keeps while it waits for the
+# next evaluations (most falls recover by themselves); the user has nothing to do unless it acts
+ACTIONS = ("watch", "warn", "refuse", "skip", "repush", "rollback", "stop", "end_on_best")
 MIN_NORMS = 3  # applied steps before a gradient-norm spike can be judged
 LENGTH_RULES = ("length_blowup", "truncation")  # a sign of trouble only with the reward down too
 ENGINE_RULES = ("logprob_gap", "is_weight_tail")  # compare the trainer with the engine that sampled
@@ -223,7 +225,8 @@ class HealthGuard:
         order). A fall from the best by more than --health-eval-drop, beyond chance where both versions' grades pair up
         (health.heldout), is first a warning that keeps the checkpoint of the last version within the margin; when
         --health-eval-patience evaluations in a row fall so, the run rolls back to before them. Held-out falls
-        often recover by the next evaluation; a collapse does not."""
+        often recover by the next evaluation; a collapse does not: so a fall the guard waits on is a "watch" (logged
+        as information, listed in the report), and only the rollback is a decision the user hears of as a warning."""
         value = _num(metrics, self.eval_key)
         if value is None:
             return []
@@ -242,10 +245,10 @@ class HealthGuard:
             else:
                 left = self.config.eval_patience - self._drops_in_a_row
                 message += (
-                    "; the checkpoint a rollback to it would use is kept, and the run rolls back if the next "
+                    "; watching: the checkpoint a rollback to it would use is kept, and the run rolls back if the next "
                     f"{left} evaluation{'s' if left > 1 else ''} stay{'' if left > 1 else 's'} down"
                 )
-                events.append(Event(version, "warn", "eval_drop", message, values))
+                events.append(Event(version, "watch", "eval_drop", message, values))
         else:
             self._drops_in_a_row = 0
         self.timeline.evals.append((version, value))

@@ -123,8 +123,9 @@ class Recovery:
     # ---- the guard's decisions -------------------------------------------------------------------------------------
     def report(self, events: list[Event]) -> list[Event]:
         """The guard's events: logged, recorded in RUN/health.jsonl; a stop ends the run here with its message."""
-        for event in events:
-            logger.warning("health %s (%s): %s", event.action, event.rule, event.message)
+        for event in events:  # a watch needs nothing from the user: information, not a warning
+            log = logger.info if event.action == "watch" else logger.warning
+            log("health %s (%s): %s", event.action, event.rule, event.message)
         self.h.run.record_events([event.record(self.h.guard.rollbacks) for event in events])
         stop = next((event for event in events if event.action == "stop"), None)
         if stop is not None:
@@ -246,7 +247,8 @@ def first_rollback(events: list[Event]) -> Event | None:
 
 def event_counts(events, guard, step: int) -> dict[str, float]:
     """Every kind of decision of the step, counted in its record, and the rollbacks done and still recent."""
-    counts = {f"health/{action}s": float(sum(e.action == action for e in events)) for action in ACTIONS}
+    # a watch comes from a held-out evaluation, recorded under the version it evaluated, never from a step
+    counts = {f"health/{a}s": float(sum(e.action == a for e in events)) for a in ACTIONS if a != "watch"}
     return {
         **counts,
         "health/rollbacks": float(guard.rollbacks),

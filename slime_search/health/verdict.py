@@ -2,11 +2,13 @@
 should see when there are too many to list.
 
     healthy                                        no event
+    healthy; watched N held-out falls, first: MESSAGE   falls the guard waited on, none of which lasted
     warned at step k: RULE (M warnings, R refused updates, S skipped steps); first: MESSAGE
     rolled back N times; last at step k: RULE: MESSAGE
     stopped at step k: MESSAGE
 
-The most severe situation wins: a stop over rollbacks, rollbacks over warnings. A stop the run was resumed after (a
+The most severe situation wins: a stop over rollbacks, rollbacks over warnings, warnings over watches (a watch is the
+guard waiting on a held-out fall with the checkpoint before it kept; it asks nothing of the user). A stop the run was resumed after (a
 "resume" event follows it) no longer ends it. A run that ended on its best evaluated checkpoint says so after its
 situation: "...; ended on its best checkpoint: MESSAGE" (the message names the step).
 """
@@ -45,7 +47,7 @@ def final_stop(events: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def level(events: list[dict[str, Any]]) -> str:
     """healthy | warned | rolled_back | stopped: the most severe situation of the run."""
-    events = [e for e in events if e.get("action") != "end_on_best"]
+    events = [e for e in events if e.get("action") not in ("end_on_best", "watch")]
     actions = {e.get("action") for e in events if e.get("action") not in ("stop", "resume")}
     if final_stop(events) is not None:
         return "stopped"
@@ -67,8 +69,12 @@ def verdict(events: list[dict[str, Any]]) -> str:
 def situation_line(events: list[dict[str, Any]]) -> str:
     """The verdict's first part: healthy, warned, rolled back or stopped."""
     situation = level(events)
+    watched = [e for e in events if e.get("action") == "watch"]
     if situation == "healthy":
-        return "healthy"
+        if not watched:
+            return "healthy"
+        falls = "1 held-out fall" if len(watched) == 1 else f"{len(watched)} held-out falls"
+        return f"healthy; watched {falls}, first: {shorten(watched[0]['message'])}"
     if situation == "stopped":
         stop = final_stop(events)
         return f"stopped at step {stop['step']}: {shorten(stop['message'])}"
@@ -77,7 +83,8 @@ def situation_line(events: list[dict[str, Any]]) -> str:
         last = rollbacks[-1]
         times = "1 time" if len(rollbacks) == 1 else f"{len(rollbacks)} times"
         return f"rolled back {times}; last at step {last['step']}: {last['rule']}: {shorten(last['message'])}"
-    events = [e for e in events if e.get("action") not in ("stop", "resume")]  # a stop the run was resumed after
+    # a stop the run was resumed after; the watches of a run that warned are in its report, not in its one line
+    events = [e for e in events if e.get("action") not in ("stop", "resume", "watch")]
     if not events:
         return "healthy"
     first = events[0]

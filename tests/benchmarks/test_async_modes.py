@@ -117,6 +117,7 @@ def test_a_run_the_guard_stopped_is_a_result_evaluated_on_its_last_saved_weights
     assert arguments[arguments.index("--hf-checkpoint") + 1] == str(run / "weights" / "step_20")
     events = [
         {"step": 3, "action": "warn"},
+        {"step": 4, "action": "watch"},  # a held-out fall the guard waited on: no warning
         {"step": 5, "action": "rollback", "values": {"since": 3.0}},  # the decision ...
         {"step": 5, "action": "rollback", "values": {"to_step": 2.0}},  # ... and the checkpoint gone back to
         {"step": 10, "action": "rollback", "values": {"since": 8.0}},  # a decision left without a rollback: a stop
@@ -126,7 +127,13 @@ def test_a_run_the_guard_stopped_is_a_result_evaluated_on_its_last_saved_weights
     assert async_modes.stopped(run)
     arguments = async_modes.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
     assert arguments[arguments.index("--hf-checkpoint") + 1] == str(run / "weights" / "step_10")  # not step_4
-    assert async_modes.health_summary(run) == {"rollbacks": 1, "warnings": 1, "stopped": 1.0, "ended_on_best": -1.0}
+    assert async_modes.health_summary(run) == {
+        "rollbacks": 1,
+        "warnings": 1,
+        "watches": 1,
+        "stopped": 1.0,
+        "ended_on_best": -1.0,
+    }
     with pytest.raises(FileNotFoundError, match="no weights"):
         async_modes.final_weights(tmp_path / "empty")
 

@@ -21,7 +21,7 @@ def test_the_guard_replayed_fires_before_the_held_out_drop(tmp_path):
     events = replay(rs, HealthConfig())
     assert [(e.step, e.action, e.rule) for e in events] == [
         (3, "rollback", "policy_jump"),
-        (4, "warn", "eval_drop"),  # one held-out fall keeps its target and waits for the next evaluation
+        (4, "watch", "eval_drop"),  # one held-out fall keeps its target and waits for the next evaluation
     ]
     run = tmp_path / "run-a"
     run.mkdir()

@@ -164,7 +164,7 @@ def test_a_reward_drop_rolls_back_to_before_the_newest_window_near_the_best():
     assert rollback.values["best"] == pytest.approx(0.8) and rollback.values["value"] == pytest.approx(0.4)
 
 
-def test_a_held_out_drop_warns_and_keeps_its_target_then_rolls_back_when_it_lasts():
+def test_a_held_out_drop_is_watched_with_its_target_kept_then_rolled_back_when_it_lasts():
     guard = HealthGuard(HealthConfig(eval_drop=0.2), reward_key="score")
     assert guard.config.eval_patience == 4  # the default: four falls in a row
     for step in range(30):
@@ -175,7 +175,7 @@ def test_a_held_out_drop_warns_and_keeps_its_target_then_rolls_back_when_it_last
     # the trouble began after version 10, the last within 0.2 of the best: its checkpoint is kept, and the run waits
     for version, score, left in ((15, 0.6, "3 evaluations stay"), (20, 0.55, "2 evaluations stay"), (25, 0.62, "1 ")):
         [event] = guard.review_eval(version, {"eval/score": score})
-        assert event.action == "warn" and event.values["roll_back_before"] == 10
+        assert event.action == "watch" and event.values["roll_back_before"] == 10
         assert f"rolls back if the next {left}" in event.message
         assert 10 in guard.checkpoints_needed([0, 5, 10, 15, 20, 25])
     [event] = guard.review_eval(30, {"eval/score": 0.5})
@@ -184,7 +184,7 @@ def test_a_held_out_drop_warns_and_keeps_its_target_then_rolls_back_when_it_last
     recovering = HealthGuard(HealthConfig(eval_drop=0.2, eval_patience=2), reward_key="score")
     evals = ((0, 0.9), (5, 0.6), (10, 0.85), (15, 0.6), (20, 0.5))
     events = [recovering.review_eval(v, {"eval/score": s}) for v, s in evals]
-    assert [[e.action for e in es] for es in events] == [[], ["warn"], [], ["warn"], ["rollback"]]
+    assert [[e.action for e in es] for es in events] == [[], ["watch"], [], ["watch"], ["rollback"]]
     assert HealthGuard(HealthConfig(eval_drop=0.2, eval_patience=1)).review_eval(0, {"eval/score": 0.9}) == []
 
 

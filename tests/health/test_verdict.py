@@ -38,6 +38,17 @@ def test_warnings_name_the_first_step_rule_and_message_and_count_each_kind():
     assert level(events) == "warned"
 
 
+def test_a_held_out_fall_the_guard_watched_leaves_a_run_healthy_and_is_named():
+    """A first held-out fall is watched (its checkpoint kept, the next evaluations awaited): nothing for the user to do,
+    so the run stays healthy, its line names the fall; a run that also warned counts only its warnings."""
+    watch = event(10, "watch", "eval_drop", "eval/em 0.797 at version 10, 0.203 below its best 1.000; watching")
+    assert level([watch]) == "healthy"
+    assert verdict([watch]) == "healthy; watched 1 held-out fall, first: " + watch["message"]
+    assert verdict([watch, {**watch, "step": 20}]).startswith("healthy; watched 2 held-out falls, first: eval/em 0.797")
+    assert verdict([watch, WARN]).startswith("warned at step 4: entropy_collapse (1 warnings, 0 refused")
+    assert level([watch, WARN]) == "warned"
+
+
 def test_rollbacks_count_the_completed_ones_and_quote_the_last_with_its_checkpoint():
     second = {**BACK, "step": 15, "message": "back to the checkpoint of step 10 (reward_drop at step 15); lr x0.25"}
     second["rule"] = "reward_drop"
