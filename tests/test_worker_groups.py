@@ -5,14 +5,14 @@ from types import SimpleNamespace
 from tests.conftest import slow_modules_first, xdist_group
 
 
-def item(nodeid, slow=False, **scopes):
-    """A collected test using fixtures of the given scopes (name=scope), marked slow or not."""
+def item(nodeid, slow=False, marks=(), **scopes):
+    """A collected test using fixtures of the given scopes (name=scope), marked slow or not, and with `marks`."""
     definitions = {name: [SimpleNamespace(scope=scope)] for name, scope in scopes.items()}
     return SimpleNamespace(
         nodeid=nodeid,
         fixturenames=list(scopes),
         _fixtureinfo=SimpleNamespace(name2fixturedefs=definitions),
-        get_closest_marker=lambda name: object() if slow and name == "slow" else None,
+        get_closest_marker=lambda name: object() if (slow and name == "slow") or name in marks else None,
     )
 
 
@@ -45,6 +45,10 @@ def test_tests_sharing_a_module_or_class_fixture_share_a_worker_and_the_rest_go_
     assert xdist_group(item("tests/e2e/test_a.py::test_four")) is None
     # the session's SGLang engine: one group across modules, so one engine
     assert xdist_group(item("tests/x/test_b.py::test_five", sglang_engine="session")) == "session-engine"
+    # a parametrized fixture that asks for it at run time marks that case; its other cases keep the module's group
+    case = item("tests/x/test_c.py::test_six[sglang]", marks=("session_engine",), cpu_engine_url="module")
+    assert xdist_group(case) == "session-engine"
+    assert xdist_group(item("tests/x/test_c.py::test_six[cpu]", cpu_engine_url="module")) == "tests/x/test_c.py"
 
 
 def test_an_overridden_fixture_counts_with_the_scope_of_the_definition_the_test_gets():

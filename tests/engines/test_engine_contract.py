@@ -35,7 +35,7 @@ def cpu_engine_url(tiny_checkpoint):
         yield process.url
 
 
-@pytest.fixture(params=["cpu_engine", "sglang"])
+@pytest.fixture(params=["cpu_engine", pytest.param("sglang", marks=pytest.mark.session_engine)])
 def engine(request, tiny_checkpoint) -> str:
     """An engine serving the tiny checkpoint at weight version "0"."""
     url = request.getfixturevalue("cpu_engine_url") if request.param == "cpu_engine" else None
