@@ -75,6 +75,9 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
         (partial_dir(save_dir, 2) / "stale.pt").write_text("")
     torch.distributed.barrier()
     save_actor(actor, save_dir, iteration=2, extra_files={"rollout_state.json": "{}"})
+    import multiprocessing
+
+    left_running = [child.name for child in multiprocessing.active_children()]  # no Manager started for the save
     saved = sorted(p.name for p in Path(save_dir).iterdir())
     folder = sorted(p.name for p in (Path(save_dir) / "iter_0000002").iterdir())
     history += [actor.train_step(samples) for _ in range(2)]
@@ -100,6 +103,7 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
                     "saved": saved,
                     "folder": folder,
                     "warnings": warnings,
+                    "left_running": left_running,
                 },
                 handle,
             )
@@ -154,6 +158,7 @@ def test_grpo_steps_lower_the_loss_and_match_across_tp(tiny_checkpoint, tmp_path
         assert "rollout_state.json" in run_["folder"] and "stale.pt" not in run_["folder"]
         assert {"optimizer_rank00000.pt", "rng_rank00000.pt", "common.pt"} <= set(run_["folder"])
         assert not any("Overwriting" in message for message in run_["warnings"])
+        assert run_["left_running"] == []  # the save's write results stayed in the process: no Manager left behind
     # resuming from the step-2 checkpoint (model + Adam state) reproduces steps 3 and 4
     for run_ in (tp1, tp2):
         assert [h["loss"] for h in run_["resumed"]] == pytest.approx([h["loss"] for h in run_["history"][2:]], abs=1e-6)

@@ -104,9 +104,24 @@ def _finish_save(root: str | Path, iteration: int, extra_files: dict[str, str] |
     return final
 
 
+def _write_results_in_process() -> None:
+    """Megatron's torch_dist writer hands its write results over a queue made on a process's first save for saves
+    that finish in another process: a multiprocessing Manager, started with "spawn" (a new Python that imports the
+    caller's main module again: about 2 CPU-seconds and a process per rank). `dist_checkpointing.save` is synchronous:
+    the results are put and read in this process, so an in-process queue carries them. Left alone where Megatron
+    made its queue already or no longer has one."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", ...) is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def _save_model_files(model, folder: Path) -> None:
     from megatron.core import dist_checkpointing
 
+    _write_results_in_process()
     dist_checkpointing.save(model.sharded_state_dict(prefix=""), str(folder))
 
 
