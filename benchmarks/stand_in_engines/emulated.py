@@ -31,6 +31,8 @@ from slime_search.search_r1.prompt import normalize_question
 
 QUESTION = re.compile(r"Question: (.*?\?)\n")
 
+SOON_AFTER_UPDATE_S = 1.0  # an idle gap that began this soon after a weight update waits for the next batch
+
 # Qwen2.5-3B on one H100 80GB (SGLang, bf16): inter-token latency by running requests. Measured curve of Llama-3.1-8B
 # on one H100 (vLLM, bf16, ML.Energy leaderboard, ml-energy/leaderboard@0cd52dab public/data/tasks/lm-arena-chat.json:
 # 7.32 / 8.91 / 11.50 / 16.48 / 26.13 / 47.41 ms at 8 / 32 / 64 / 128 / 256 / 512 running; 7.2 ms at 1, SGLang Qwen3-8B,
@@ -84,6 +86,16 @@ class EmulatedEngine:
         self.work = asyncio.Event()
         self.cached: dict[str, set[int]] = {}  # question -> lengths of the sequences of its trajectories so far
         self.busy_s = 0.0  # emulated seconds spent decoding or prefilling
+        # emulated seconds with nothing to decode (not paused): in all, and in gaps that began within
+        # SOON_AFTER_UPDATE_S of a weight update's end (the next batch not yet admitted) or not
+        self.idle_s = 0.0
+        self.idle_after_update_s = 0.0
+        self.idle_gaps = 0
+        self.paused_s = 0.0  # emulated seconds paused (a push in fully asynchronous mode)
+        # emulated seconds the decode steps ran behind the GPU model while there was work: this process's own Python
+        # (HTTP, JSON) holding the event loop; time a GPU would not lose, so an emulation artefact, not the driver's
+        self.late_s = 0.0
+        self._updated_at = float("-inf")
         self.decoded_tokens = 0
         self._next_step_at = 0.0  # loop time the current step ends (steps keep to the model, not to Python's pace)
 
@@ -123,16 +135,32 @@ class EmulatedEngine:
     async def run(self) -> None:
         while True:
             if self.paused.is_set() or not (self.waiting or self.running):
+                idle = not self.paused.is_set()
+                began = asyncio.get_running_loop().time()
                 self.work.clear()
                 await self.work.wait()
+                woke = asyncio.get_running_loop().time()
+                if idle:
+                    self._count_idle(began, woke)
+                else:
+                    self.paused_s += (woke - began) / self.timing.time_scale
+                self._next_step_at = max(self._next_step_at, woke)  # the wait is not lateness
                 continue
             prefill = self.admit()
             step = self.timing.step_s(len(self.running)) + prefill / self.timing.prefill_tokens_per_s
             now = asyncio.get_running_loop().time()
+            self.late_s += max(0.0, now - self._next_step_at) / self.timing.time_scale
             self._next_step_at = max(now, self._next_step_at) + step * self.timing.time_scale
             await asyncio.sleep(self._next_step_at - now)
             self.busy_s += step
             self.decode_one_token()
+
+    def _count_idle(self, began: float, ended: float) -> None:
+        gap = (ended - began) / self.timing.time_scale
+        self.idle_s += gap
+        self.idle_gaps += 1
+        if (began - self._updated_at) / self.timing.time_scale <= SOON_AFTER_UPDATE_S:
+            self.idle_after_update_s += gap
 
     def admit(self) -> int:
         """Move waiting requests into the running batch; returns the tokens they need prefilled."""
@@ -174,6 +202,7 @@ class EmulatedEngine:
     def pause(self) -> None:
         """Retract: running requests keep their tokens and wait; they are prefilled again on continue."""
         self.paused.set()
+        self.work.set()  # an idle scheduler wakes: the time paused is not idle
         for request in self.running:
             request.context = len(request.body["input_ids"]) + request.produced
         self.waiting = self.running + self.waiting
@@ -187,6 +216,7 @@ class EmulatedEngine:
         await asyncio.sleep(self.timing.push_s * self.timing.time_scale)
         if version is not None:
             self.version = version
+        self._updated_at = asyncio.get_running_loop().time()
 
 
 def build_app(engine: EmulatedEngine):
@@ -221,6 +251,11 @@ def build_app(engine: EmulatedEngine):
         wall = (time.monotonic() - started) / engine.timing.time_scale
         state = {
             "busy_s": engine.busy_s,
+            "idle_s": engine.idle_s,
+            "idle_after_update_s": engine.idle_after_update_s,
+            "idle_gaps": engine.idle_gaps,
+            "paused_s": engine.paused_s,
+            "late_s": engine.late_s,
             "emulated_s": wall,
             "decoded_tokens": engine.decoded_tokens,
             "running": len(engine.running),

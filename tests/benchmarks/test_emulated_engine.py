@@ -86,6 +86,35 @@ def test_a_pause_and_a_push_split_a_generation_between_two_versions(engine, tiny
     assert 10 < spans[0]["end"] < n - 10
 
 
+def test_idle_time_is_counted_and_split_by_whether_it_follows_a_weight_update(engine, tiny_checkpoint):
+    """Where the engine was not busy: a gap with nothing to decode counts as idle, and as idle after an update when it
+    began within a second of one ending (the next batch not yet there); a pause is not idle."""
+    ids = prompt_ids(tiny_checkpoint)
+
+    def state():
+        return httpx.get(f"{engine}/server_info").json()["internal_states"][0]
+
+    generate(engine, ids)
+    time.sleep(0.3)  # idle, long after any update
+    version = int(httpx.get(f"{engine}/model_info").json()["weight_version"]) + 1
+    httpx.post(f"{engine}/update_weights_from_disk", json={"model_path": "-", "weight_version": str(version)})
+    before = state()
+    time.sleep(0.5)  # idle, just after the update
+    generate(engine, ids)
+    after_update = state()
+    gap = after_update["idle_s"] - before["idle_s"]
+    assert 0.5 <= gap < 1.5 and before["idle_s"] >= 0.3
+    assert after_update["idle_after_update_s"] - before["idle_after_update_s"] == pytest.approx(gap, abs=1e-9)
+    httpx.post(f"{engine}/pause_generation", json={"mode": "retract"})
+    time.sleep(0.3)
+    httpx.post(f"{engine}/continue_generation", json={})
+    generate(engine, ids)
+    last = state()
+    assert last["idle_s"] - after_update["idle_s"] < 0.3  # the paused 0.3 s are not idle ...
+    assert 0.3 <= last["paused_s"] - after_update["paused_s"] < 1.0  # ... but paused
+    assert last["late_s"] < 0.5 * last["busy_s"]  # one request at a time: the steps keep to the model
+
+
 def test_an_unknown_question_is_refused(engine):
     response = httpx.post(f"{engine}/generate", json={"input_ids": [1, 2, 3], "sampling_params": {}}, timeout=30)
     assert response.status_code == 400

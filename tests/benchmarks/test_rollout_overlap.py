@@ -22,3 +22,11 @@ def test_the_benchmark_runs_every_mode_at_its_smallest_size(tmp_path, capsys):
     assert set(results) == {"off", "one-step", "fully"}
     assert all(r["steps"] == 2 and r["trajectories_per_s"] > 0 for r in results.values())
     assert "| fully |" in capsys.readouterr().out
+    for r in results.values():  # the engine's time, accounted: busy, nothing to decode, paused, running late
+        assert min(r["engine_idle_s"], r["engine_paused_s"], r["engine_late_s"]) >= 0
+        assert 0 < r["engine_busy_fraction"] <= rollout_overlap.busy_where_it_could_work(r)
+
+
+def test_busy_where_it_could_work_leaves_out_the_emulators_late_steps():
+    result = {"emulated_s": 100.0, "engine_busy_fraction": 0.72, "engine_late_s": 20.0}
+    assert rollout_overlap.busy_where_it_could_work(result) == 0.9
