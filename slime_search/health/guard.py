@@ -223,7 +223,7 @@ class HealthGuard:
     def review_eval(self, version: int, metrics: dict[str, Any], grades: list[float] | None = None) -> list[Event]:
         """A held-out evaluation of `version` (`grades`: its per-question grades of the reward key, in the eval set's
         order). A fall from the best by more than --health-eval-drop, beyond chance where both versions' grades pair up
-        (health.heldout), is first a warning that keeps the checkpoint of the last version within the margin; when
+        (health.heldout), is first watched: the checkpoint of the last version within the margin is kept; when
         --health-eval-patience evaluations in a row fall so, the run rolls back to before them. Held-out falls
         often recover by the next evaluation; a collapse does not: so a fall the guard waits on is a "watch" (logged
         as information, listed in the report), and only the rollback is a decision the user hears of as a warning."""

@@ -2,14 +2,14 @@
 should see when there are too many to list.
 
     healthy                                        no event
-    healthy; watched N held-out falls, first: MESSAGE   falls the guard waited on, none of which lasted
+    healthy; watched N held-out falls, first: MESSAGE   falls the guard waited on without acting
     warned at step k: RULE (M warnings, R refused updates, S skipped steps); first: MESSAGE
     rolled back N times; last at step k: RULE: MESSAGE
     stopped at step k: MESSAGE
 
 The most severe situation wins: a stop over rollbacks, rollbacks over warnings, warnings over watches (a watch is the
-guard waiting on a held-out fall with the checkpoint before it kept; it asks nothing of the user). A stop the run was resumed after (a
-"resume" event follows it) no longer ends it. A run that ended on its best evaluated checkpoint says so after its
+guard waiting on a held-out fall with the checkpoint before it kept; it asks nothing of the user). A stop the run was
+resumed after (a "resume" event follows it) no longer ends it. A run that ended on its best evaluated checkpoint says so after its
 situation: "...; ended on its best checkpoint: MESSAGE" (the message names the step).
 """
 
