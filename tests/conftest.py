@@ -18,9 +18,10 @@ SHARED_SCOPES = ("module", "class", "package")  # a fixture of these scopes is m
 
 def xdist_group(item) -> str | None:
     """The worker group of a test under `--dist loadgroup`: every test of the session's SGLang engine together (one
-    engine, not two; a fixture that asks for it by `request.getfixturevalue` marks its case `session_engine`); the tests of a module together when they use a module-, class- or package-scoped fixture (a
-    trained run, a Ray session, an engine: made once); any other test alone (None), free to run beside its own module's
-    tests on the other worker. A module whose whole-training tests share nothing no longer runs them one after
+    engine, not two; a fixture that asks for it by `request.getfixturevalue` marks its case `session_engine`); the
+    tests of a module together when they use a module-, class- or package-scoped fixture (a trained run, a Ray
+    session, an engine: made once); any other test alone (None), free to run beside its own module's tests on the
+    other worker. A module whose whole-training tests share nothing no longer runs them one after
     another on one worker."""
     names = set(getattr(item, "fixturenames", ()))
     if SESSION_ENGINE_FIXTURES & names or item.get_closest_marker("session_engine") is not None:
