@@ -160,9 +160,8 @@ def run_mode(mode: str, args, engine_urls: list[str], retriever_url: str, prompt
 
 def summarize(mode: str, records: list[dict], emulated_s: float, before, after, args) -> dict:
     steady = records[1:] or records  # the first step fills the pipeline
-    busy = sum(a["busy_s"] - b["busy_s"] for a, b in zip(after, before, strict=True))
 
-    def idle(key: str) -> float:  # per engine, emulated seconds over the run
+    def per_engine(key: str) -> float:  # an engine's emulated seconds over the run, the mean over the engines
         return sum(a[key] - b[key] for a, b in zip(after, before, strict=True)) / len(after)
 
     lag_keys = sorted({k for r in steady for k in r if k.startswith("async/staleness_tokens_lag_")})
@@ -172,14 +171,14 @@ def summarize(mode: str, records: list[dict], emulated_s: float, before, after, 
         "emulated_s": emulated_s,
         "step_s_steady": sum(r["time/step_s"] for r in steady) / len(steady) / args.time_scale,
         "trajectories_per_s": len(records) * args.prompts * args.samples / emulated_s,
-        "engine_busy_fraction": busy / (emulated_s * len(after)),
+        "engine_busy_fraction": per_engine("busy_s") / emulated_s,
         # where it was not: nothing to decode (after a weight update, waiting for the next batch; or within a batch)
-        "engine_idle_s": round(idle("idle_s"), 2),
-        "engine_idle_after_update_s": round(idle("idle_after_update_s"), 2),
-        "engine_idle_gaps": round(idle("idle_gaps"), 1),
-        "engine_paused_s": round(idle("paused_s"), 2),
+        "engine_idle_s": round(per_engine("idle_s"), 2),
+        "engine_idle_after_update_s": round(per_engine("idle_after_update_s"), 2),
+        "engine_idle_gaps": round(per_engine("idle_gaps"), 1),
+        "engine_paused_s": round(per_engine("paused_s"), 2),
         # the emulation's own cost: decode steps behind the GPU model while the emulator's event loop was busy
-        "engine_late_s": round(idle("late_s"), 2),
+        "engine_late_s": round(per_engine("late_s"), 2),
         "trainer_idle_fraction": sum(r["async/trainer_idle_fraction"] for r in steady) / len(steady),
         "interrupted_per_step": sum(r.get("async/interrupted_trajectories", 0.0) for r in steady) / len(steady),
         "token_lag": {

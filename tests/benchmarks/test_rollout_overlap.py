@@ -29,4 +29,4 @@ def test_the_benchmark_runs_every_mode_at_its_smallest_size(tmp_path, capsys):
 
 def test_busy_where_it_could_work_leaves_out_the_emulators_late_steps():
     result = {"emulated_s": 100.0, "engine_busy_fraction": 0.72, "engine_late_s": 20.0}
-    assert rollout_overlap.busy_where_it_could_work(result) == 0.9
+    assert rollout_overlap.busy_where_it_could_work(result) == pytest.approx(0.9)
