@@ -69,3 +69,28 @@ def save_hf_shards(buckets, original: Path, out: Path) -> Path:
         (out / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=1))
     copy_hf_files(original, out)
     return out
+
+
+def read_hf_state(folder: str | Path) -> dict[str, torch.Tensor]:
+    """The weights of an HF folder by name, read from its safetensors files (`model.safetensors`, or the shards that
+    `model.safetensors.index.json` names), in their stored dtype. No model is built, so neither the HF model classes
+    nor a second copy of the weights in fp32 are needed. A folder without safetensors (`pytorch_model.bin`) is read
+    through `transformers`, in fp32."""
+    import json
+
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(load_file(str(folder / name)))
+    return state

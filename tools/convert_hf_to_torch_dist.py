@@ -29,9 +29,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM
-
+    from megatron_bridge.hf_io import read_hf_state
     from slime_search.backends.megatron.checkpoint import save_model
     from slime_search.backends.megatron.distributed import init_megatron, shutdown
     from slime_search.backends.megatron.model import build_gpt_model, load_hf_weights
@@ -40,9 +38,8 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
     tp = args.tensor_model_parallel_size
     init_megatron(rank, tp, tp_size=tp, master_port=port)
     shape, options = model_from_args(args)
-    hf = AutoModelForCausalLM.from_pretrained(args.hf_checkpoint, dtype=torch.float32)
     model = build_gpt_model(shape, options)
-    load_hf_weights(model, hf.state_dict(), shape, options)
+    load_hf_weights(model, read_hf_state(args.hf_checkpoint), shape, options)
     save_model(model, args.save, iteration=0)
     shutdown()
 

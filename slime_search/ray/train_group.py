@@ -163,10 +163,10 @@ class TrainRank(WeightSyncRank):
 
     def _build(self, hf_checkpoint: str, weights_from: str | None, model_overrides: dict):
         """A model with the HF checkpoint's architecture; weights from the HF folder, or a torch_dist folder."""
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
 
         from megatron_bridge import ModelShape
+        from megatron_bridge.hf_io import read_hf_state
         from slime_search.backends.megatron.checkpoint import load_model
         from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights
 
@@ -175,8 +175,7 @@ class TrainRank(WeightSyncRank):
         options = ModelOptions.from_hf_config(hf_config, **model_overrides)
         model = build_gpt_model(self.shape, options)
         if weights_from is None:
-            hf = AutoModelForCausalLM.from_pretrained(hf_checkpoint, dtype=torch.float32)
-            load_hf_weights(model, hf.state_dict(), self.shape, options)
+            load_hf_weights(model, read_hf_state(hf_checkpoint), self.shape, options)
         else:
             load_model(model, weights_from)
         return model

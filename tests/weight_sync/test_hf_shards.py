@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from megatron_bridge.hf_io import save_hf_shards
+from megatron_bridge.hf_io import copy_hf_files, read_hf_state, save_hf_shards
+from megatron_bridge.qwen import ModelShape, hf_to_megatron
 from slime_search.run_folder import RunFolder
 
 
@@ -36,6 +37,40 @@ def test_one_bucket_is_one_file_and_no_weights_is_an_error(tiny_checkpoint, tmp_
     assert load_file(out / "model.safetensors").keys() == state.keys()
     with pytest.raises(ValueError, match="no weights"):
         save_hf_shards([[]], tiny_checkpoint, tmp_path / "none")
+
+
+def _megatron_state(hf_state, checkpoint):
+    from transformers import AutoConfig
+
+    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(checkpoint))
+    return {k: v.float() for k, v in hf_to_megatron(hf_state, shape, padded_vocab=shape.vocab_size + 64).items()}
+
+
+@pytest.mark.parametrize("layout", ["one file", "shards", "bf16 shards", "bin"])
+def test_the_weights_read_without_a_model_are_those_from_pretrained_gives_megatron(tiny_checkpoint, tmp_path, layout):
+    """What the ranks load a policy with: every tensor Megatron takes equals the one from the HF model that
+    `from_pretrained` builds (the ranks no longer build it), from one file, shards with their index, shards stored in
+    bf16 (read in bf16, equal once cast as Megatron's copy casts), or a folder with only `pytorch_model.bin`."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_checkpoint
+    state = load_file(tiny_checkpoint / "model.safetensors")
+    if layout != "one file":
+        dtype = torch.bfloat16 if layout == "bf16 shards" else torch.float32
+        items = sorted((k, v.to(dtype)) for k, v in state.items())
+        folder = save_hf_shards((items[i : i + 7] for i in range(0, len(items), 7)), tiny_checkpoint, tmp_path / "hf")
+    if layout == "bin":
+        folder = tmp_path / "bin"
+        folder.mkdir()
+        copy_hf_files(tiny_checkpoint, folder)
+        torch.save(state, folder / "pytorch_model.bin")
+        assert not list(folder.glob("*.safetensors")) and list(folder.glob("*.bin"))
+    read = read_hf_state(folder)
+    expected = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+    if layout == "bf16 shards":
+        assert {t.dtype for t in read.values()} == {torch.bfloat16}
+    mine, theirs = _megatron_state(read, tiny_checkpoint), _megatron_state(expected, tiny_checkpoint)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
 
 def test_hf_copies_go_with_their_checkpoints(tmp_path):

@@ -19,7 +19,9 @@ def init_megatron(
     import torch.distributed as dist
 
     from slime_search.backends.megatron import cpu_compat
+    from slime_search.backends.megatron.imports import import_megatron_core
 
+    import_megatron_core()  # first, so that no fused function pulls in the compiler at import
     on_cpu = cpu_compat.activate()
     os.environ["MASTER_ADDR"] = master_address
     os.environ["MASTER_PORT"] = str(master_port)
