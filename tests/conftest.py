@@ -43,15 +43,22 @@ SHARED_SCOPES = ("module", "class", "package")  # a fixture of these scopes is m
 def xdist_group(item) -> str | None:
     """The worker group of a test under `--dist loadgroup`: every test of the session's SGLang engine together (one
     engine, not two; a fixture that asks for it by `request.getfixturevalue` marks its case `session_engine`); the
-    tests of a module together when they use a module-, class- or package-scoped fixture (a trained run, a Ray
-    session, an engine: made once); any other test alone (None), free to run beside its own module's tests on the
+    tests of a package that use one of its package-scoped fixtures together, across its modules; the tests of a
+    module together when they use a module- or class-scoped fixture (a trained run, a Ray session, an engine: made
+    once); any other test alone (None), free to run beside its own module's tests on the
     other worker. A module whose whole-training tests share nothing no longer runs them one after
     another on one worker."""
     names = set(getattr(item, "fixturenames", ()))
     if SESSION_ENGINE_FIXTURES & names or item.get_closest_marker("session_engine") is not None:
         return "session-engine"
     definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-    if any(defs and defs[-1].scope in SHARED_SCOPES for name, defs in definitions.items() if name in names):
+    shared = [
+        defs[-1] for name, defs in definitions.items() if name in names and defs and defs[-1].scope in SHARED_SCOPES
+    ]
+    package = next((d for d in shared if d.scope == "package"), None)
+    if package is not None:  # made once for the tests of the package (its conftest's folder) that use it
+        return f"package:{package.baseid}"
+    if shared:
         return item.nodeid.split("::")[0]
     return None
 

@@ -51,6 +51,21 @@ def test_tests_sharing_a_module_or_class_fixture_share_a_worker_and_the_rest_go_
     assert xdist_group(item("tests/x/test_c.py::test_six[cpu]", cpu_engine_url="module")) == "tests/x/test_c.py"
 
 
+def test_tests_sharing_a_package_fixture_share_a_worker_across_the_packages_modules():
+    """A package-scoped fixture (a prepared miniature) is made once per worker: its tests, in any of the package's
+    modules, go to one worker, whatever other fixtures they use."""
+
+    def uses_package_fixture(nodeid, **scopes):
+        test = item(nodeid, **scopes)
+        test._fixtureinfo.name2fixturedefs["prepared"] = [SimpleNamespace(scope="package", baseid="tests/benchmarks")]
+        test.fixturenames.append("prepared")
+        return test
+
+    first = uses_package_fixture("tests/benchmarks/test_a.py::test_one", tmp_path="function")
+    second = uses_package_fixture("tests/benchmarks/test_b.py::test_two", engine="module")
+    assert xdist_group(first) == xdist_group(second) == "package:tests/benchmarks"
+
+
 def test_an_overridden_fixture_counts_with_the_scope_of_the_definition_the_test_gets():
     """pytest lists a name's definitions outermost first; the test gets the last one."""
     overridden = item("tests/test_c.py::test_six", run="function")

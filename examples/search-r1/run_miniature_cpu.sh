@@ -11,6 +11,7 @@
 # Run again with the same RUN_DIR, it skips the phases already complete (each leaves a .done mark): with RL_NAME and
 # RL_ARGS a second RL run starts from the same SFT weights, e.g.
 #    RL_NAME=rl-fully RL_ARGS="--async-mode fully --max-staleness 2" bash examples/search-r1/run_miniature_cpu.sh
+# STOP_AFTER=sft prepares that SFT start (every phase before RL) and stops there.
 # POLICY=qwen3 TOOL_FORMAT=qwen3 runs it with a Qwen3-shaped policy (Qwen3's added tokens and chat template) that
 # calls search as Qwen3's native tool calls (the demonstrator, the prompts and the loop all speak that format).
 set -euo pipefail
@@ -34,6 +35,11 @@ RL_PROMPTS=${RL_PROMPTS:-8}
 RL_SAMPLES=${RL_SAMPLES:-8}
 RL_LR=${RL_LR:-5e-4}
 RL_NAME=${RL_NAME:-rl}
+STOP_AFTER=${STOP_AFTER:-}  # sft: stop once the SFT start is ready, before RL
+if [[ -n "${STOP_AFTER}" && "${STOP_AFTER}" != "sft" ]]; then
+   echo "STOP_AFTER=${STOP_AFTER}: the one phase to stop after is sft" >&2
+   exit 2
+fi
 RL_SAVE_INTERVAL=${RL_SAVE_INTERVAL:-5}  # checkpoints the health guard can roll back to (0: only at the end)
 read -r -a RL_EXTRA <<<"${RL_ARGS:-}"
 # the RL run's importance weights against the engine: TIS by default; e.g. IS_ARGS="--use-mis --mis-mode mask" for an
@@ -113,6 +119,11 @@ if ! done_mark sft; then
       --num-rollout "${SFT_STEPS}" --rollout-batch-size "${SFT_BATCH}" --n-samples-per-prompt 1 \
       --lr "${SFT_LR}" --lr-warmup-iters 5 --rollout-temperature 1.0
    mark_done sft
+fi
+
+if [[ "${STOP_AFTER}" == "sft" ]]; then
+   echo "the SFT start is ready in ${RUN_DIR}; RL runs from it skip every phase before RL"
+   exit 0
 fi
 
 # GRPO with search from the SFT weights, evaluated on held-out questions

@@ -1,5 +1,6 @@
-"""The engine-death benchmark at its smallest size: a tiny miniature (every phase a few steps), its RL phase run with
-two CPU engines undisturbed and with one killed after the first step; the table of both runs printed.
+"""The engine-death benchmark at its smallest size: a tiny miniature (every phase a few steps, prepared up to RL once
+for the package's smoke runs), its RL phase run with two CPU engines undisturbed and with one killed after the first
+step; the table of both runs printed.
 
 It is also the end-to-end test of the failover: an engine killed during a run costs no step, its trajectories move to
 the other engine, the dead engine is found after the rollout, started again on its address while the actor trains,
@@ -11,12 +12,14 @@ import json
 import pytest
 
 from benchmarks.engine_death import main, records
+from tests.benchmarks.conftest import copy_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-def test_both_runs_complete_and_the_killed_engine_is_restarted(tmp_path, capsys):
-    assert main(["--run-dir", str(tmp_path / "run"), "--kill-after-step", "1", "--smallest"]) == 0
+def test_both_runs_complete_and_the_killed_engine_is_restarted(smallest_sft_start, tmp_path, capsys):
+    run_dir = copy_of(smallest_sft_start, tmp_path / "run")
+    assert main(["--run-dir", str(run_dir), "--kill-after-step", "1", "--smallest"]) == 0
     out = capsys.readouterr().out
     results = json.loads(out[: out.index("\n}\n") + 2])
     base, killed = results["undisturbed"], results["one engine killed"]
@@ -27,7 +30,7 @@ def test_both_runs_complete_and_the_killed_engine_is_restarted(tmp_path, capsys)
     assert [row.split(" | ")[0] for row in table[1:]] == ["| undisturbed", "| one engine killed"]  # after the header
     assert "cost of the death:" in out
 
-    run = tmp_path / "run" / "rl-2engines-kill"
+    run = run_dir / "rl-2engines-kill"
     train = [r for r in records(run) if "train/loss" in r]
     assert [r["step"] for r in train] == [0, 1, 2]
     assert [r["weight_version"] for r in train] == [1, 2, 3]  # every engine served it after each push

@@ -1,17 +1,20 @@
-"""The evaluation-beside-training benchmark at its smallest size: a tiny miniature (every phase a few steps), its RL
-phase evaluated every step inside the step and then beside it; the table of both runs printed."""
+"""The evaluation-beside-training benchmark at its smallest size: a tiny miniature (every phase a few steps, prepared
+up to RL once for the package's smoke runs), its RL phase evaluated every step inside the step and then beside it;
+the table of both runs printed."""
 
 import re
 
 import pytest
 
 from benchmarks.eval_beside import main
+from tests.benchmarks.conftest import copy_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-def test_both_ways_evaluate_and_print_their_figures(tmp_path, capsys):
-    assert main(["--run-dir", str(tmp_path / "run"), "--smallest", "--heldout", "8", "--eval-interval", "1"]) == 0
+def test_both_ways_evaluate_and_print_their_figures(smallest_sft_start, tmp_path, capsys):
+    run_dir = copy_of(smallest_sft_start, tmp_path / "run")
+    assert main(["--run-dir", str(run_dir), "--smallest", "--heldout", "8", "--eval-interval", "1"]) == 0
     out = capsys.readouterr().out
     rows = {
         row.split(" | ")[0]: row for row in out.splitlines() if row.startswith("| inside") or row.startswith("| beside")

@@ -3,8 +3,11 @@ policy's tokenizer, and the run report."""
 
 import asyncio
 import json
+import os
 import random
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -417,3 +420,13 @@ def test_native_pretraining_needs_the_qwen3_tokens(tmp_path, capsys):
         main(["--task", str(tmp_path), "--out", str(tmp_path / "p"), "--tool-format", "qwen3"])
     assert stop.value.code == 2 and "--tool-format qwen3 needs --family qwen3" in capsys.readouterr().err
     assert not (tmp_path / "p").exists()  # refused before anything is built
+
+
+def test_the_run_script_stops_only_after_sft_and_refuses_another_phase_before_any_work(tmp_path):
+    """STOP_AFTER=sft prepares an SFT start for several RL runs (the benchmarks' smoke runs share one: the fixture in
+    tests/benchmarks/conftest.py); any other phase is refused before anything is made."""
+    script = Path(__file__).resolve().parents[2] / "examples" / "search-r1" / "run_miniature_cpu.sh"
+    env = {**os.environ, "RUN_DIR": str(tmp_path / "run"), "STOP_AFTER": "rl"}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "the one phase to stop after is sft" in done.stderr
+    assert not (tmp_path / "run").exists()
