@@ -31,6 +31,7 @@ from slime_search.search_r1.prompt import normalize_question
 
 QUESTION = re.compile(r"Question: (.*?\?)\n")
 
+PLANS_KEPT = 20_000  # answers worked out and kept for the question's other samples (a run has a few thousand contexts)
 SOON_AFTER_UPDATE_S = 1.0  # an idle gap that began this soon after a weight update waits for the next batch
 
 # Qwen2.5-3B on one H100 80GB (SGLang, bf16): inter-token latency by running requests. Measured curve of Llama-3.1-8B
@@ -98,6 +99,7 @@ class EmulatedEngine:
         self._updated_at = float("-inf")
         self.decoded_tokens = 0
         self._next_step_at = 0.0  # loop time the current step ends (steps keep to the model, not to Python's pace)
+        self._plans: dict[tuple, tuple[str, dict]] = {}  # (context ids, max_new_tokens, stops) -> (question, answer)
 
     # ---- what a request says -----------------------------------------------------------------------------------
     def question_of(self, prompt: str) -> str:
@@ -108,14 +110,25 @@ class EmulatedEngine:
         return match.group(1)
 
     def plan(self, body: dict) -> tuple[str, dict]:
-        prompt = self.tokenizer.decode(body["input_ids"])
-        question = self.question_of(prompt)
-        turns = self.script[question]
-        trajectory = prompt.rpartition("<|im_start|>assistant\n")[2]
-        turn = sum(trajectory.count(marker) for marker in OBSERVATION_MARKERS)
-        text = turns[min(turn, len(turns) - 1)]
-        planned = turn_response(self.tokenizer, text, body, weight_version=self.version, log_prob=lambda i: -0.5)
-        return question, planned
+        """The request's question and its recorded turn as SGLang answers it, at the version served now. A
+        question's samples follow one recorded trajectory, so they ask with the same context: the answer is worked
+        out once per context and sampling parameters (decoding and encoding on the engine's one event loop would
+        hold its decode steps back, time a GPU engine does not lose)."""
+        params = body.get("sampling_params", {})
+        key = (tuple(body["input_ids"]), params.get("max_new_tokens"), tuple(params.get("stop") or ()))
+        if key not in self._plans:
+            if len(self._plans) >= PLANS_KEPT:
+                self._plans.clear()
+            prompt = self.tokenizer.decode(body["input_ids"])
+            question = self.question_of(prompt)
+            turns = self.script[question]
+            trajectory = prompt.rpartition("<|im_start|>assistant\n")[2]
+            turn = sum(trajectory.count(marker) for marker in OBSERVATION_MARKERS)
+            text = turns[min(turn, len(turns) - 1)]
+            planned = turn_response(self.tokenizer, text, body, weight_version=self.version, log_prob=lambda i: -0.5)
+            self._plans[key] = (question, planned)
+        question, planned = self._plans[key]
+        return question, {**planned, "meta_info": {**planned["meta_info"], "weight_version": self.version}}
 
     def cached_tokens(self, question: str, length: int) -> int:
         """The prefix-cache hit of a request: its trajectory's earlier context, taken as the longest earlier sequence
@@ -266,7 +279,9 @@ def build_app(engine: EmulatedEngine):
     @app.post("/generate")
     async def generate(request: Request):
         try:
-            return await engine.generate(await request.json())
+            # a JSONResponse of its own: FastAPI's default encoding walks every element of every answer first, on
+            # the engine's one event loop (40% of its CPU), holding back the decode steps a GPU would keep to
+            return JSONResponse(await engine.generate(await request.json()))
         except KeyError as err:
             return JSONResponse({"error": {"message": str(err)}}, status_code=400)
 

@@ -202,6 +202,11 @@ async def generate_rollout(
                 )
             )
             group_index += 1
+            # One turn of the event loop per group: its samples prepare their first request and send it before the
+            # next group is prepared. Started all at once, no request would leave before every sample of the batch
+            # had been prepared (tokenised, its connection opened): seconds at thousands of samples, during which
+            # the engines have nothing to do.
+            await asyncio.sleep(0)
         for group in await asyncio.gather(*tasks):
             if config.filter_zero_std and not has_signal(list(group), config.reward_key):
                 dropped += 1

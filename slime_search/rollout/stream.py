@@ -228,15 +228,18 @@ class RolloutStream:
             self._lock.notify_all()
         try:
             while not self._stopping:
+                self._wake.clear()  # before the capacity is read: a poke from now on wakes the wait below
                 with self._lock:
                     admit = max(0, self._capacity())
                     if self._error is not None:
                         raise self._error
                 for _ in range(admit):
+                    if self._stopping:
+                        break
                     task = asyncio.create_task(self._run_group(self._admit(), slots))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
-                self._wake.clear()
+                    await asyncio.sleep(0)  # see generate_rollout: each group's requests go out as it is admitted
                 await self._wake.wait()
         finally:
             for task in tasks:

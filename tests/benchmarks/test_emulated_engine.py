@@ -118,6 +118,21 @@ def test_idle_time_is_counted_and_split_by_whether_it_follows_a_weight_update(en
     assert parts == pytest.approx(last["emulated_s"], abs=1.0)
 
 
+def test_the_same_context_gets_the_same_turn_under_the_version_served_then(engine, tiny_checkpoint):
+    """A question's samples ask with one context: the emulator works its answer out once and serves it again, each
+    time stamped with the version it serves then (the answer it keeps is not changed by a request that used it)."""
+    ids = prompt_ids(tiny_checkpoint)
+    first = generate(engine, ids)
+    version = httpx.get(f"{engine}/model_info").json()["weight_version"]
+    pushed = str(int(version) + 1)
+    httpx.post(f"{engine}/update_weights_from_disk", json={"model_path": "-", "weight_version": pushed})
+    second = generate(engine, ids)
+    assert second["output_ids"] == first["output_ids"] and second["text"] == first["text"]
+    assert first["meta_info"]["weight_versions"] == [{"version": version, "start": 0, "end": len(first["output_ids"])}]
+    assert second["meta_info"]["weight_version"] == pushed
+    assert second["meta_info"]["weight_versions"] == [{"version": pushed, "start": 0, "end": len(second["output_ids"])}]
+
+
 def test_an_unknown_question_is_refused(engine):
     response = httpx.post(f"{engine}/generate", json={"input_ids": [1, 2, 3], "sampling_params": {}}, timeout=30)
     assert response.status_code == 400

@@ -242,3 +242,34 @@ def test_batch_metrics_describe_the_reward_spread_lengths_and_groups_without_sig
     assert metrics["rollout/reward_std"] == pytest.approx((5 / 8 * 3 / 8) ** 0.5)
     assert metrics["rollout/response_length_p90"] == 2.0 and metrics["rollout/response_length_max"] == 2.0
     assert metrics["rollout/reward_em"] == pytest.approx(5 / 8)  # the reward's other keys, averaged
+
+
+def first_request_before_last_preparation(start) -> bool:
+    """Runs `start(generate)` with a generate that notes when it prepares a request and when the request leaves (one
+    turn of the event loop later, as a pooled connection's write does); whether the first request left before the
+    last trajectory was prepared."""
+    events: list[tuple[str, int]] = []
+
+    async def generate(args, sample, params):
+        events.append(("prepared", sample.index))
+        await asyncio.sleep(0)
+        events.append(("sent", sample.index))
+        await asyncio.sleep(0.001)
+        return await toy_generate(args, sample, params)
+
+    start(generate)
+    prepared = [i for i, (what, _) in enumerate(events) if what == "prepared"]
+    assert len(prepared) == 10 * 4
+    return events.index(("sent", 0)) < prepared[-1]
+
+
+def test_the_first_requests_leave_before_the_whole_batch_is_prepared():
+    """The engines get work as soon as the first group is ready, not after every sample of the batch was tokenised
+    and its connection opened (seconds of an idle engine at thousands of samples)."""
+    source = DataSource(DataConfig(path="mem"), rows=ROWS)
+    config = RolloutConfig(batch_size=10, n_samples_per_prompt=4)
+
+    def run(generate):
+        asyncio.run(generate_rollout(search_r1_args(n=4), source, config, generate, reward_func, {}))
+
+    assert first_request_before_last_preparation(run)

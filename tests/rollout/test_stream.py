@@ -280,3 +280,20 @@ def test_the_activity_clock_counts_time_with_nothing_in_flight():
     clock.finished()
     now[0] += 0.25
     assert clock.read() == (0.25, 0.25)
+
+
+def test_admitted_groups_send_their_first_requests_before_the_last_group_is_prepared():
+    """As in a synchronous rollout (tests/rollout/test_rollout.py): after a push, the engines get the first admitted
+    group's requests at once, not after every admitted group has prepared its own."""
+    from tests.rollout.test_rollout import first_request_before_last_preparation
+
+    def run(generate):
+        stream, _ = make_stream(ToyEngine(), batch_size=5, n=4, staleness=1, generate=generate)
+        stream.start()  # admits (0 + 1 + 1) batches of 5 groups of 4: the 40 samples the helper expects
+        try:
+            stream.take_batch(timeout_s=10)
+            stream.take_batch(timeout_s=10)
+        finally:
+            stream.stop()
+
+    assert first_request_before_last_preparation(run)
