@@ -297,3 +297,26 @@ def test_admitted_groups_send_their_first_requests_before_the_last_group_is_prep
             stream.stop()
 
     assert first_request_before_last_preparation(run)
+
+
+def test_a_version_set_while_groups_are_being_admitted_still_admits_its_batch():
+    """Admission gives the event loop a turn after each group, so a new version can arrive in the middle of it; its
+    wake-up must not be lost (no group finishes here to wake the stream again)."""
+    engine = ToyEngine()  # every gate stays shut: nothing finishes
+    holder = {}
+
+    async def sets_the_version_on_its_first_call(args, sample, params):
+        if not holder.get("set"):
+            holder["set"] = True
+            holder["stream"].set_policy_version(1)  # during the admission of the first 4 groups
+        return await toy_generate(args, sample, params)
+
+    stream, _ = make_stream(engine, batch_size=2, n=1, staleness=1, generate=sets_the_version_on_its_first_call)
+    holder["stream"] = stream
+    stream.start()
+    try:
+        wait_until(lambda: stream.counts()["async/groups_admitted"] == 6, timeout_s=5)  # (1 + 1 + 1) batches of 2
+    finally:
+        for question in range(40):
+            engine.gate(question).set()
+        stream.stop()
