@@ -31,7 +31,12 @@ CORE = [
 ]
 
 # faiss-cpu and faiss-gpu ship the same `faiss` package: exactly one of the two extras, never both.
-CPU = ["faiss-cpu>=1.8"]
+CPU = [
+    "faiss-cpu>=1.8",
+    # the retrieval server's query encoder on CPU (local_dense_retriever/onnx_forward.py): the runtime and the exporter
+    "onnxruntime>=1.17",
+    "onnx>=1.15",
+]
 # Never imported at module import time: only on GPU code paths. The versions that go together are pinned in
 # constraints-gpu.txt; TransformerEngine compiles against the installed torch, so it is a separate step
 # (--no-build-isolation, docs/gpu.md). SGLang does not depend on its router, which every multi-engine run starts.

@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--robust-concurrency", type=int, default=512)
     parser.add_argument("--search-r1-server", help="Search-R1's search_r1/search/retrieval_server.py: run beside it")
     parser.add_argument("--rounds", type=int, default=3, help="side-by-side rounds (with --search-r1-server)")
+    parser.add_argument("--encoder-runtime", default=None, help="our server's --encoder-runtime (default: its own)")
+    parser.add_argument("--encoder-threads", type=int, default=None, help="our server's --encoder-threads")
     parser.add_argument("--serve-search-r1", help=argparse.SUPPRESS)  # the child that serves theirs
     args = parser.parse_args(argv)
     if args.serve_search_r1:
@@ -333,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     server_args += ["--retriever-name", args.retriever_name]
     if args.retriever_model:
         server_args += ["--retriever-model", args.retriever_model]
+    if args.encoder_runtime:
+        server_args += ["--encoder-runtime", args.encoder_runtime]
+    if args.encoder_threads is not None:
+        server_args += ["--encoder-threads", str(args.encoder_threads)]
     if args.search_r1_server:
         return side_by_side(args, queries, server_args)
     with RetrievalServerProcess(*server_args) as server:

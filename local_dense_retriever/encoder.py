@@ -68,23 +68,72 @@ def _widest(shortest: int) -> int:
 
 
 class Encoder:
-    """A Hugging Face encoder; returns L2-normalised float32 embeddings, so inner product = cosine."""
+    """A Hugging Face encoder; returns L2-normalised float32 embeddings, so inner product = cosine.
 
-    def __init__(self, config: EncoderConfig, device: str | None = None):
+    `runtime` runs its forward pass: "torch", "onnx" (ONNX Runtime, CPU only; onnx_forward.py) or "auto" (ONNX
+    Runtime on CPU when installed). `threads` (ONNX Runtime's intra-op threads; 0: one per core) applies to ONNX
+    Runtime only: torch's are the process's (`torch.set_num_threads`)."""
+
+    def __init__(self, config: EncoderConfig, device: str | None = None, runtime: str = "torch", threads: int = 0):
         import torch
         from transformers import AutoModel, AutoTokenizer
+
+        from local_dense_retriever.onnx_forward import resolve_runtime
 
         self.config = config
         self.family = config.resolved_family()
         self.pooling = config.resolved_pooling()
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.runtime = resolve_runtime(runtime, self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         model = AutoModel.from_pretrained(config.model_path)
         if config.fp16 and self.device.startswith("cuda"):
             model = model.half()
         self.model = model.to(self.device).eval()
         self.dim = int(self.model.config.hidden_size)
-        logger.info("encoder %s (%s, %s pooling) on %s", config.model_path, self.family, self.pooling, self.device)
+        self._forward = self._torch_forward
+        self.threads = torch.get_num_threads()
+        if self.runtime == "onnx":
+            self._use_onnx(threads)
+        logger.info(
+            "encoder %s (%s, %s pooling) on %s, %s",
+            config.model_path,
+            self.family,
+            self.pooling,
+            self.device,
+            "ONNX Runtime" if self.runtime == "onnx" else "torch",
+        )
+
+    def _use_onnx(self, threads: int) -> None:
+        """Export, check against torch on the probe texts, and serve with ONNX Runtime; torch where they differ."""
+        from local_dense_retriever.onnx_forward import (
+            MAX_EMBEDDING_DIFF,
+            PROBE_TEXTS,
+            OnnxForward,
+            export_onnx,
+            largest_difference,
+        )
+
+        probe_ids = self.tokenizer(list(PROBE_TEXTS), max_length=self.config.max_length, truncation=True)["input_ids"]
+        tokens = self._padded(probe_ids)  # one batch of unequal lengths: padding and its mask are exercised
+        graph = export_onnx(self.config.model_path, tokens["input_ids"], tokens["attention_mask"])
+        expected = self.encode(list(PROBE_TEXTS), is_query=False)
+        self._forward = OnnxForward(graph, threads)
+        difference = largest_difference(self.encode(list(PROBE_TEXTS), is_query=False), expected)
+        if difference > MAX_EMBEDDING_DIFF:
+            logger.warning(
+                "the ONNX export of %s gives embeddings %.2g from torch's (at most %.0e allowed): serving with torch",
+                self.config.model_path,
+                difference,
+                MAX_EMBEDDING_DIFF,
+            )
+            self._forward, self.runtime = self._torch_forward, "torch"
+            return
+        self.model = None  # ONNX Runtime holds its own copy of the weights
+        self.threads = threads
+
+    def _torch_forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     def encode(self, texts: list[str], is_query: bool) -> np.ndarray:
         import torch
@@ -95,7 +144,7 @@ class Encoder:
         for rows in length_batches([len(i) for i in ids], self.config.batch_size):
             tokens = self._padded([ids[i] for i in rows])
             with torch.inference_mode():
-                hidden = self.model(**tokens).last_hidden_state.float()
+                hidden = self._forward(tokens["input_ids"], tokens["attention_mask"]).float()
             if self.pooling == "cls":
                 pooled = hidden[:, 0]
             else:

@@ -43,7 +43,14 @@ def read_meta(index_path: Path) -> dict:
 class DenseRetriever:
     """faiss inner-product search over L2-normalised embeddings. Not thread-safe: one owner thread calls it."""
 
-    def __init__(self, index_path: str | Path, encoder_config: EncoderConfig, faiss_gpu: bool = False):
+    def __init__(
+        self,
+        index_path: str | Path,
+        encoder_config: EncoderConfig,
+        faiss_gpu: bool = False,
+        runtime: str = "torch",
+        threads: int = 0,
+    ):
         import faiss
 
         index_path = Path(index_path)
@@ -53,7 +60,7 @@ class DenseRetriever:
         self.index_type = read_meta(index_path).get("factory", type(self.index).__name__)
         if faiss_gpu:
             self.index = to_all_gpus(self.index, fp16=encoder_config.fp16)
-        self.encoder = Encoder(encoder_config)
+        self.encoder = Encoder(encoder_config, runtime=runtime, threads=threads)
         if self.encoder.dim != self.index.d:
             raise ValueError(
                 f"encoder {encoder_config.model_path} gives {self.encoder.dim}-d vectors but the index holds "

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -284,22 +285,38 @@ def load_retriever(args: argparse.Namespace):
 
     if args.retriever_name == "bm25":
         retriever = BM25Retriever(args.index_path)
-        return retriever, {"index_type": "bm25", "encoder": None, "index_size": retriever.size}
+        return retriever, {
+            "index_type": "bm25",
+            "encoder": None,
+            "index_size": retriever.size,
+            "encoder_runtime": None,
+            "encoder_threads": None,
+        }
     meta = read_meta(Path(args.index_path))
     if not args.retriever_model and not meta.get("encoder"):
         raise ValueError(f"no --retriever-model given and no encoder recorded beside {args.index_path}")
     config = encoder_config_from_meta(
         meta, model_path=args.retriever_model, fp16=args.fp16 or None, batch_size=args.encoder_batch_size
     )
-    if args.encoder_threads:
-        import torch
+    # torch: one thread. A team of threads meets at a barrier after every operation; on cores that other processes
+    # (the server's own clients among them) share, one preempted member stalls the rest: one thread per forward pass
+    # held up where two collapsed. ONNX Runtime: one per core this process may use, its idle threads told not to spin;
+    # with two it served 1.2-1.5x the queries of one beside 256 clients on two cores (docs/benchmarks/retrieval.md).
+    import torch
 
-        # A team of threads meets at a barrier after every operation; on cores that other processes (the server's
-        # own clients among them) share, one preempted member stalls the rest. One thread per forward pass held up
-        # where two collapsed (docs/benchmarks/retrieval.md, "Beside Search-R1's server").
-        torch.set_num_threads(args.encoder_threads)
-    retriever = DenseRetriever(args.index_path, config, faiss_gpu=args.faiss_gpu)
-    return retriever, {"index_type": retriever.index_type, "encoder": config.model_path, "index_size": retriever.size}
+    torch_threads = 1 if args.encoder_threads is None else args.encoder_threads
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
+    onnx_threads = len(os.sched_getaffinity(0)) if args.encoder_threads is None else args.encoder_threads
+    retriever = DenseRetriever(
+        args.index_path, config, faiss_gpu=args.faiss_gpu, runtime=args.encoder_runtime, threads=onnx_threads
+    )
+    facts = {"index_type": retriever.index_type, "encoder": config.model_path, "index_size": retriever.size}
+    return retriever, {
+        **facts,
+        "encoder_runtime": retriever.encoder.runtime,
+        "encoder_threads": retriever.encoder.threads,
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -331,8 +348,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--encoder-threads",
         type=int,
-        default=1,
-        help="CPU threads of one encoder forward pass (torch intra-op); 0 keeps torch's default of one per core",
+        default=None,
+        help="CPU threads of one encoder forward pass (intra-op); default: one per core for ONNX Runtime, 1 for "
+        "torch; 0: the runtime's own default",
+    )
+    parser.add_argument(
+        "--encoder-runtime",
+        choices=("auto", "torch", "onnx"),
+        default="auto",
+        help="the query encoder's forward pass: ONNX Runtime (CPU; exported at start and checked against torch) or "
+        "torch; auto: ONNX Runtime on CPU when installed, else torch",
     )
     parser.add_argument("--cache-size", type=int, default=100_000, help="LRU entries; 0 disables the cache")
     parser.add_argument("--max-queries", type=int, default=16_384, help="queries per request")

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import os
 
 import aiohttp
 import httpx
@@ -85,6 +86,8 @@ def test_default_topk_and_health(dense_server):
     health = httpx.get(f"{dense_server.url}/health").json()
     assert health["ready"] and health["corpus_size"] == 64 and health["index_type"] == "Flat"
     assert health["encoder"].endswith("model") and "queue_depth" in health and "cache_hit_rate" in health
+    assert health["encoder_runtime"] == "onnx"  # the default on CPU with the cpu extra installed
+    assert health["encoder_threads"] == len(os.sched_getaffinity(0))  # one per core the server may use
 
 
 def test_concurrent_single_query_requests_are_batched(built, dense_server):
