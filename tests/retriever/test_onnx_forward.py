@@ -81,3 +81,36 @@ def test_an_export_that_differs_from_torch_is_not_served(monkeypatch, caplog, to
     assert encoder.runtime == "torch" and encoder.model is not None
     assert "gives embeddings" in caplog.text and "serving with torch" in caplog.text
     np.testing.assert_array_equal(encoder.encode(TEXTS, is_query=True), torch_encoder.encode(TEXTS, is_query=True))
+
+
+def test_an_export_that_keeps_its_examples_shapes_is_not_served(monkeypatch, caplog, torch_encoder):
+    """A graph exported without dynamic batch and length fails on the check's batch of another shape: torch serves."""
+
+    def export_with_fixed_shapes(model_path, example_ids, example_mask):
+        import io
+        import warnings
+
+        import torch
+        from transformers import AutoModel
+
+        model = AutoModel.from_pretrained(model_path, attn_implementation="eager").eval()
+        buffer = io.BytesIO()
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's, as in the product's export
+            torch.onnx.export(
+                onnx_forward._last_hidden_module(model),
+                (example_ids, example_mask),
+                buffer,
+                input_names=["input_ids", "attention_mask"],
+                output_names=["last_hidden_state"],
+                opset_version=17,
+                dynamo=False,
+            )
+        return buffer.getvalue()
+
+    monkeypatch.setattr(onnx_forward, "export_onnx", export_with_fixed_shapes)
+    with caplog.at_level(logging.WARNING, logger="local_dense_retriever.encoder"):
+        encoder = Encoder(EncoderConfig(minilm_path(), max_length=64), runtime="onnx", threads=1)
+    assert encoder.runtime == "torch" and encoder.model is not None
+    assert "fails on a batch of another shape" in caplog.text and "serving with torch" in caplog.text
+    np.testing.assert_array_equal(encoder.encode(TEXTS, is_query=True), torch_encoder.encode(TEXTS, is_query=True))
