@@ -44,6 +44,7 @@ from local_dense_retriever.batching import (  # noqa: E402
     SearchFn,
     normalize_query,
 )
+from local_dense_retriever.onnx_forward import RUNTIMES  # noqa: E402
 from slime_search.utils.http_limits import BodyTooLarge, bounded_h11_protocol, read_body  # noqa: E402
 from slime_search.utils.net import listen_socket  # noqa: E402
 
@@ -354,7 +355,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--encoder-runtime",
-        choices=("auto", "torch", "onnx"),
+        choices=RUNTIMES,
         default="auto",
         help="the query encoder's forward pass: ONNX Runtime (CPU; exported at start and checked against torch) or "
         "torch; auto: ONNX Runtime on CPU when installed, else torch",
