@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,20 @@ COMPILED_PACKAGES = ("slime_search", "megatron_bridge", "local_dense_retriever",
 
 
 def pytest_configure(config) -> None:
-    """Before the workers start (in the controller, or the one process without xdist): `compile_sources`."""
+    """Before the workers start (in the controller, or the one process without xdist): `compile_sources`, and one
+    thread per process under two workers or more (`one_thread_per_process`)."""
     if not hasattr(config, "workerinput"):
         compile_sources()
+        if getattr(config.option, "numprocesses", None) not in (None, 0, 1):
+            one_thread_per_process(os.environ)
+
+
+def one_thread_per_process(environ) -> None:
+    """OMP_NUM_THREADS=1 for the workers and every process a test starts, unless it is set already. The workers
+    keep the cores busy between them, so a process's intra-op threads only contend with the other worker's, and
+    OpenMP's spin while they wait: the suite took 2,594 CPU-seconds with torch's default pools and about 2,440 with
+    one thread each (docs/benchmarks/test_suite.md). Megatron ranks set their own (`TrainRank`)."""
+    environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def compile_sources(root: Path = REPO_ROOT, packages: tuple[str, ...] = COMPILED_PACKAGES) -> None:
@@ -34,7 +46,8 @@ def compile_sources(root: Path = REPO_ROOT, packages: tuple[str, ...] = COMPILED
         raise RuntimeError(f"a source file of the project does not compile:\n{listing.getvalue()[-2000:]}")
 
 
-SESSION_ENGINE_FIXTURES = {"sglang_engine"}  # session-scoped servers: their tests share one worker, so one server
+# session-scoped servers: their tests share one worker, so one server of each
+SESSION_ENGINE_FIXTURES = {"sglang_engine", "sglang_qwen3_engine"}
 
 
 SHARED_SCOPES = ("module", "class", "package")  # a fixture of these scopes is made once for the tests that share it
@@ -128,10 +141,11 @@ def reset_engine(url: str, checkpoint: Path) -> None:
     assert answer.status_code == 200, answer.text
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sglang_qwen3_engine(tiny_qwen3_checkpoint, tmp_path_factory) -> SGLangEngine:
-    """Real SGLang serving the tiny Qwen3 checkpoint (q/k norms, its own head size, Qwen3's tokenizer) on CPU; for
-    one module at a time, so that it does not idle beside the session's Qwen2 engine for the rest of the suite."""
+    """Real SGLang serving the tiny Qwen3 checkpoint (q/k norms, its own head size, Qwen3's tokenizer) on CPU, one for
+    the session (its tests share the session engine's worker): a start costs about 40 CPU-seconds, an idle engine
+    about 1.5% of a core."""
     from slime_search.utils.net import free_port
     from tests import sglang_cpu
 

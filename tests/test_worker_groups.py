@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from tests.conftest import slow_modules_first, xdist_group
+from tests.conftest import one_thread_per_process, slow_modules_first, xdist_group
 
 
 def item(nodeid, slow=False, marks=(), **scopes):
@@ -45,6 +45,8 @@ def test_tests_sharing_a_module_or_class_fixture_share_a_worker_and_the_rest_go_
     assert xdist_group(item("tests/e2e/test_a.py::test_four")) is None
     # the session's SGLang engine: one group across modules, so one engine
     assert xdist_group(item("tests/x/test_b.py::test_five", sglang_engine="session")) == "session-engine"
+    # and the session's Qwen3 engine beside it: one start for the suite, not one per module that uses it
+    assert xdist_group(item("tests/x/test_b.py::test_qwen3", sglang_qwen3_engine="session")) == "session-engine"
     # a parametrized fixture that asks for it at run time marks that case; its other cases keep the module's group
     case = item("tests/x/test_c.py::test_six[sglang]", marks=("session_engine",), cpu_engine_url="module")
     assert xdist_group(case) == "session-engine"
@@ -74,3 +76,26 @@ def test_an_overridden_fixture_counts_with_the_scope_of_the_definition_the_test_
         SimpleNamespace(scope="function"),
     ]
     assert xdist_group(overridden) is None
+
+
+def test_every_session_scoped_engine_fixture_groups_its_tests():
+    """A session-scoped server outside SESSION_ENGINE_FIXTURES would start once on each worker that uses it."""
+    import inspect
+
+    import tests.conftest as conftest
+
+    servers = {
+        name
+        for name, value in vars(conftest).items()
+        if name.endswith("_engine") and 'scope="session"' in inspect.getsource(value)
+    }
+    assert servers == conftest.SESSION_ENGINE_FIXTURES
+
+
+def test_each_process_of_a_parallel_suite_gets_one_thread_unless_the_caller_chose():
+    environ = {}
+    one_thread_per_process(environ)
+    assert environ == {"OMP_NUM_THREADS": "1"}
+    chosen = {"OMP_NUM_THREADS": "4"}
+    one_thread_per_process(chosen)
+    assert chosen == {"OMP_NUM_THREADS": "4"}

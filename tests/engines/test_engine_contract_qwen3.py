@@ -35,7 +35,7 @@ def other_checkpoint(tmp_path_factory):
     return save_tiny_checkpoint(tmp_path_factory.mktemp("qwen3_seed1"), TinyQwenConfig(family="qwen3", seed=1))
 
 
-@pytest.fixture(params=["cpu_engine", "sglang"])
+@pytest.fixture(params=["cpu_engine", pytest.param("sglang", marks=pytest.mark.session_engine)])
 def engine(request, tiny_checkpoint) -> str:
     """An engine serving the tiny Qwen3 at weight version "0"."""
     if request.param == "cpu_engine":
