@@ -12,6 +12,7 @@ from slime_search.metrics import MetricsSink
 from slime_search.run_folder import RunFolder
 from slime_search.run_handles import RunHandles
 from slime_search.utils.records import RecordsError, append_records, keep_records_before, read_records
+from tests.health.test_guard import step_record
 
 
 def test_appends_are_whole_lines_and_a_torn_tail_is_dropped(tmp_path):
@@ -133,3 +134,28 @@ def test_only_the_newest_checkpoints_are_kept_and_never_the_tracked_one(tmp_path
     assert prune_iterations(tmp_path / "b", keep=1) == [2]
     make_checkpoints(tmp_path / "c", [1, 2, 3], tracked=3)
     assert prune_iterations(tmp_path / "c", keep=0) == []
+
+
+def test_a_watched_held_out_fall_names_the_checkpoint_a_rollback_would_use(tmp_path):
+    """The last version within the margin (4) is not always where a rollback goes: a skipped step 3 leaves
+    checkpoint 4 unconfirmed, so the rollback policy would go to checkpoint 2, and the watch says so."""
+    run, sink = RunFolder(tmp_path), MetricsSink(tmp_path)
+    make_checkpoints(run.checkpoints, [0, 2, 4, 6], tracked=6)
+    guard = HealthGuard(HealthConfig())
+    for step in range(7):  # step 3's batch was skipped: the steps around checkpoint 4 did not all stay clean
+        guard.review(step, step_record(step, **({"health/step_skipped": 1.0} if step == 3 else {})))
+    config = SimpleNamespace(model=SimpleNamespace(load=None), health=HealthConfig())
+    recovery = Recovery(RunHandles(config, run, sink, None, guard))
+
+    def evaluate(version, grades):
+        metrics = {"eval/score": sum(grades) / len(grades), "grades": grades}
+        result = SimpleNamespace(version=version, metrics=metrics, record={}, shown=[])
+        return recovery.record_eval(result, version)
+
+    right, wrong = [1.0] * 64, [0.0] * 64
+    assert evaluate(2, right) is None and evaluate(4, right) is None
+    assert evaluate(6, wrong) is None  # a first fall is watched, not rolled back
+    (watch,) = [e for e in run.events() if e["action"] == "watch"]
+    assert "version 4 was the last within it" in watch["message"]
+    assert watch["message"].endswith("a rollback now would go back to the checkpoint of step 2")
+    assert guard.rollback_target(run.checkpoint_steps(), 4) == 2

@@ -19,7 +19,7 @@ from slime_search.utils.flag_types import (
     probability,
 )
 
-MIN_WINDOW = 3  # the medians of the spike and length bounds need 3 values (guard.MIN_NORMS)
+MIN_WINDOW = 3  # the medians of the spike and length bounds need 3 values (records.MIN_NORMS)
 
 
 @dataclass(frozen=True)

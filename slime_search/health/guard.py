@@ -30,20 +30,19 @@ first two kinds and non-finite updates remain.
 
 from __future__ import annotations
 
-import math
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from slime_search.health.config import HealthConfig
 from slime_search.health.heldout import paired_drop_is_real
 from slime_search.health.policy import RollbackPolicy, Timeline
+from slime_search.health.records import num as _num
+from slime_search.health.records import recent_median, starting_value, was_applied
 
 # "watch" is the guard's notice, not a warning: a first held-out fall, whose checkpoint it keeps while it waits for the
 # next evaluations (most falls recover by themselves); the user has nothing to do unless it acts
 ACTIONS = ("watch", "warn", "refuse", "skip", "repush", "rollback", "stop", "end_on_best")
-MIN_NORMS = 3  # applied steps before a gradient-norm spike can be judged
 LENGTH_RULES = ("length_blowup", "truncation")  # a sign of trouble only with the reward down too
 ENGINE_RULES = ("logprob_gap", "is_weight_tail")  # compare the trainer with the engine that sampled
 BEFORE = (
@@ -75,14 +74,6 @@ class Event:
 
 class RunStopped(RuntimeError):
     """The guard stopped the run; the message names the rule, the step and the values."""
-
-
-def _num(metrics: dict[str, Any], key: str) -> float | None:
-    """A finite number, or None: a NaN signal compares False with every bound and would silently pass each rule."""
-    value = metrics.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
 
 
 class HealthGuard:
@@ -245,7 +236,7 @@ class HealthGuard:
             else:
                 left = self.config.eval_patience - self._drops_in_a_row
                 message += (
-                    "; watching: the checkpoint a rollback to it would use is kept, and the run rolls back if the next "
+                    "; watching: the checkpoints a rollback would use are kept, and the run rolls back if the next "
                     f"{left} evaluation{'s' if left > 1 else ''} stay{'' if left > 1 else 's'} down"
                 )
                 events.append(Event(version, "watch", "eval_drop", message, values))
@@ -580,26 +571,6 @@ class HealthGuard:
                 self.review(record["step"], record)
             elif self.eval_key in record:
                 self.review_eval(record["step"], record, (grades or {}).get(record["step"]))
-
-
-def was_applied(record: dict[str, Any]) -> bool:
-    """A step whose update (one at least) was applied."""
-    return (_num(record, "train/steps_applied") or 0.0) > 0
-
-
-def recent_median(
-    records: list[dict[str, Any]], key: str, window: int, keep: Callable[[dict[str, Any]], bool] = lambda r: True
-) -> float | None:
-    """The median of `key`'s finite values in the last `window` of `records` (step records) that `keep` accepts; None
-    before MIN_NORMS of them. The guard's moving yardstick (spike and length bounds), and the report's drawing of it."""
-    values = [v for r in records[-window:] if keep(r) and (v := _num(r, key)) is not None and math.isfinite(v)]
-    return statistics.median(values) if len(values) >= MIN_NORMS else None
-
-
-def starting_value(records: list[dict[str, Any]], key: str) -> float | None:
-    """A signal's value at the run's first step: measured on the rollouts of the policy the run started from, before
-    any update. (A median over the first steps would take in a collapse that begins at the first update.)"""
-    return next((float(r[key]) for r in records if "time/step_s" in r and _num(r, key) is not None), None)
 
 
 def no_sample_cause(metrics: dict[str, Any], errors: dict[str, str]) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_search.health.guard import recent_median, starting_value, was_applied
+from slime_search.health.records import recent_median, starting_value, was_applied
 
 MAX_POINTS = 500  # points of a drawn curve: more are averaged in buckets
 MARKERS_UP_TO = 60  # points of a curve drawn with a marker on each

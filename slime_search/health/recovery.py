@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 from slime_search.health.guard import ACTIONS, BEFORE, Event, RunStopped
 from slime_search.health.remedy import lr_scale, remedied_schedule
@@ -146,7 +147,18 @@ class Recovery:
         record = {**metrics, **result.record, "weight_version": result.version}
         h.sink.log(result.version, {**record, "eval/lag_steps": step - result.version})
         h.run.record_examples(result.version, "eval", result.shown)
-        return first_rollback(self.report(h.guard.review_eval(result.version, metrics, grades)))
+        events = [self.name_target(event) for event in h.guard.review_eval(result.version, metrics, grades)]
+        return first_rollback(self.report(events))
+
+    def name_target(self, event: Event) -> Event:
+        """A watched held-out fall, with the checkpoint a rollback would go back to now: the rollback policy's choice
+        among the checkpoints on disk, which can be older than the last version within the margin (a warning near
+        that version leaves its checkpoint unconfirmed)."""
+        if event.action != "watch" or BEFORE not in event.values:
+            return event
+        target = self.h.guard.rollback_target(self.h.run.checkpoint_steps(), int(event.values[BEFORE]))
+        where = "no checkpoint qualifies yet" if target is None else f"the checkpoint of step {target}"
+        return replace(event, message=f"{event.message}; a rollback now would go back to {where}")
 
     def repush(self, version: int) -> None:
         """The engines served other weights than the trainer's, or seemed to: push the current ones again (each
