@@ -25,9 +25,9 @@ def pytest_configure(config) -> None:
 
 def one_thread_per_process(environ) -> None:
     """OMP_NUM_THREADS=1 for the workers and every process a test starts, unless it is set already. The workers
-    keep the cores busy between them, so a process's intra-op threads only contend with the other worker's, and
-    OpenMP's spin while they wait: the suite took 2,594 CPU-seconds with torch's default pools and about 2,440 with
-    one thread each (docs/benchmarks/test_suite.md). Megatron ranks set their own (`TrainRank`)."""
+    keep the cores busy between them, so a process's intra-op threads only contend with the other worker's: the
+    in-process torch tests took a third to a half less CPU with one thread each (docs/benchmarks/test_suite.md).
+    Megatron ranks set their own (`TrainRank`)."""
     environ.setdefault("OMP_NUM_THREADS", "1")
 
 
