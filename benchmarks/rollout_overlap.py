@@ -179,6 +179,8 @@ def summarize(mode: str, records: list[dict], emulated_s: float, before, after, 
         "engine_paused_s": round(per_engine("paused_s"), 2),
         # the emulation's own cost: decode steps behind the GPU model while the emulator's event loop was busy
         "engine_late_s": round(per_engine("late_s"), 2),
+        # the largest lag behind the GPU model an engine's clock made up (its one event loop busy with a burst)
+        "engine_max_lag_s": round(max(a["max_lag_s"] for a in after), 3),
         "trainer_idle_fraction": sum(r["async/trainer_idle_fraction"] for r in steady) / len(steady),
         "interrupted_per_step": sum(r.get("async/interrupted_trajectories", 0.0) for r in steady) / len(steady),
         "token_lag": {

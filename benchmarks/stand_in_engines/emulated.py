@@ -10,6 +10,12 @@ running requests (`GpuTiming`, interpolated), plus the prefill of the tokens tha
 turns stay in the prefix cache). At most `max_running` requests decode at once (the KV cache's bound); the others
 wait. Every emulated duration is multiplied by --time-scale, so a run can go faster than real time.
 
+The emulated GPU keeps its own clock. SGLang's scheduler runs in a process of its own, beside the HTTP front end, so
+its GPU does not wait while requests are parsed; here one event loop does both, so a decode step that starts late
+because the loop was busy is made up by the steps after it (they run back to back until the clock is caught up). A
+request joins the batch only at a step that begins after it arrived, so making up never decodes a request early. A
+lag beyond LAG_MADE_UP_S is not made up: it is counted as late, the emulator's own cost, as is a lag a pause cuts off.
+
 Weight sync is emulated too: /update_weights_from_disk (and the distributed update) take the modelled push time and
 then serve the new version; /pause_generation (retract) stops decoding with every request's tokens kept, and
 /continue_generation re-prefills them and goes on, each token recording the version that generated it (SGLang's
@@ -33,6 +39,9 @@ QUESTION = re.compile(r"Question: (.*?\?)\n")
 
 PLANS_KEPT = 20_000  # answers worked out and kept for the question's other samples (a run has a few thousand contexts)
 SOON_AFTER_UPDATE_S = 1.0  # an idle gap that began this soon after a weight update waits for the next batch
+# emulated seconds of lag the GPU's clock makes up (bursts of requests parsed on the one event loop take a
+# fraction of a second); a longer lag means the emulator cannot keep up, and is counted as late
+LAG_MADE_UP_S = 1.0
 
 # Qwen2.5-3B on one H100 80GB (SGLang, bf16): inter-token latency by running requests. Measured curve of Llama-3.1-8B
 # on one H100 (vLLM, bf16, ML.Energy leaderboard, ml-energy/leaderboard@0cd52dab public/data/tasks/lm-arena-chat.json:
@@ -71,6 +80,7 @@ class Request:
     planned: dict  # the recorded turn as SGLang answers it (ids, finish reason), before any token is "decoded"
     context: int  # tokens the model conditions on when it joins (prompt + output so far)
     future: asyncio.Future
+    arrived: float  # loop time it reached the scheduler: it joins no step that began before
     produced: int = 0
     versions: list[tuple[str, int]] = field(default_factory=list)  # (version, first output index)
 
@@ -93,12 +103,13 @@ class EmulatedEngine:
         self.idle_after_update_s = 0.0
         self.idle_gaps = 0
         self.paused_s = 0.0  # emulated seconds paused (a push in fully asynchronous mode)
-        # emulated seconds the decode steps ran behind the GPU model while there was work: this process's own Python
-        # (HTTP, JSON) holding the event loop; time a GPU would not lose, so an emulation artefact, not the driver's
+        # emulated seconds the GPU's clock fell behind and did not make up (beyond LAG_MADE_UP_S, or cut off by a
+        # pause): this process's own Python (HTTP, JSON) holding the event loop, an emulation artefact, not the driver's
         self.late_s = 0.0
+        self.max_lag_s = 0.0  # the largest lag the clock made up (emulated seconds)
         self._updated_at = float("-inf")
         self.decoded_tokens = 0
-        self._next_step_at = 0.0  # loop time the current step ends (steps keep to the model, not to Python's pace)
+        self._clock = 0.0  # loop time the emulated GPU has reached: the end of its last step or idle gap (set by run)
         self._plans: dict[tuple, tuple[str, dict]] = {}  # (context ids, max_new_tokens, stops) -> (question, answer)
 
     # ---- what a request says -----------------------------------------------------------------------------------
@@ -139,34 +150,63 @@ class EmulatedEngine:
         while self.paused.is_set():
             await asyncio.sleep(0.01 * self.timing.time_scale)
         question, planned = self.plan(body)
-        request = Request(body, question, planned, len(body["input_ids"]), asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        request = Request(body, question, planned, len(body["input_ids"]), loop.create_future(), loop.time())
         self.waiting.append(request)
         self.work.set()
         return await request.future
 
     # ---- the scheduler ----------------------------------------------------------------------------------------------
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._clock = loop.time()
         while True:
-            if self.paused.is_set() or not (self.waiting or self.running):
-                idle = not self.paused.is_set()
-                began = asyncio.get_running_loop().time()
+            if self.paused.is_set():
+                await self._wait_paused(loop)
+            elif self.running or self._has_arrived():
+                prefill = self.admit()
+                step = self.timing.step_s(len(self.running)) + prefill / self.timing.prefill_tokens_per_s
+                self._clock += step * self.timing.time_scale
+                await self._keep_to_clock(loop)
+                self.busy_s += step
+                self.decode_one_token()
+            elif self.waiting:  # the next request arrived after the GPU's clock: it idled until then
+                self._count_idle(self._clock, self.waiting[0].arrived)
+                self._clock = self.waiting[0].arrived
+            else:
                 self.work.clear()
                 await self.work.wait()
-                woke = asyncio.get_running_loop().time()
-                if idle:
-                    self._count_idle(began, woke)
-                else:
-                    self.paused_s += (woke - began) / self.timing.time_scale
-                self._next_step_at = max(self._next_step_at, woke)  # the wait is not lateness
-                continue
-            prefill = self.admit()
-            step = self.timing.step_s(len(self.running)) + prefill / self.timing.prefill_tokens_per_s
-            now = asyncio.get_running_loop().time()
-            self.late_s += max(0.0, now - self._next_step_at) / self.timing.time_scale
-            self._next_step_at = max(now, self._next_step_at) + step * self.timing.time_scale
-            await asyncio.sleep(self._next_step_at - now)
-            self.busy_s += step
-            self.decode_one_token()
+                if self.paused.is_set():  # idle until the pause: the time paused is counted from there
+                    now = loop.time()
+                    self._count_idle(self._clock, now)
+                    self._clock = max(self._clock, now)
+
+    def _has_arrived(self) -> bool:
+        return bool(self.waiting) and self.waiting[0].arrived <= self._clock
+
+    async def _keep_to_clock(self, loop) -> None:
+        """Sleep until the step's end on the GPU's clock; behind it, give the front end one turn and go on (the
+        steps after make the lag up), up to LAG_MADE_UP_S; beyond that the lag is counted as late and dropped."""
+        now = loop.time()
+        if now < self._clock:
+            await asyncio.sleep(self._clock - now)
+            return
+        lag, kept = now - self._clock, LAG_MADE_UP_S * self.timing.time_scale
+        if lag > kept:
+            self.late_s += (lag - kept) / self.timing.time_scale
+            self._clock = now - kept
+        self.max_lag_s = max(self.max_lag_s, min(lag, kept) / self.timing.time_scale)
+        await asyncio.sleep(0)
+
+    async def _wait_paused(self, loop) -> None:
+        began = loop.time()
+        if began > self._clock:  # the lag a pause cuts off is never made up
+            self.late_s += (began - self._clock) / self.timing.time_scale
+        self.work.clear()
+        await self.work.wait()
+        woke = loop.time()
+        self.paused_s += (woke - began) / self.timing.time_scale
+        self._clock = woke
 
     def _count_idle(self, began: float, ended: float) -> None:
         gap = (ended - began) / self.timing.time_scale
@@ -178,7 +218,7 @@ class EmulatedEngine:
     def admit(self) -> int:
         """Move waiting requests into the running batch; returns the tokens they need prefilled."""
         tokens = 0
-        while self.waiting and len(self.running) < self.timing.max_running:
+        while self._has_arrived() and len(self.running) < self.timing.max_running:
             request = self.waiting.pop(0)
             cached = self.cached_tokens(request.question, request.context) if request.produced == 0 else 0
             tokens += max(0, request.context - cached)
@@ -269,6 +309,7 @@ def build_app(engine: EmulatedEngine):
             "idle_gaps": engine.idle_gaps,
             "paused_s": engine.paused_s,
             "late_s": engine.late_s,
+            "max_lag_s": engine.max_lag_s,
             "emulated_s": wall,
             "decoded_tokens": engine.decoded_tokens,
             "running": len(engine.running),

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from benchmarks.stand_in_engines.emulated import GpuTiming
+from benchmarks.stand_in_engines.emulated import LAG_MADE_UP_S, EmulatedEngine, GpuTiming, Request
 from slime_search.search_r1.prompt import make_prompt
 from slime_search.utils.server_process import ServerProcess
 
@@ -24,6 +24,78 @@ def test_decode_step_time_follows_the_gpu_model_between_and_beyond_its_points():
     assert timing.step_s(36) == pytest.approx(0.004 + 0.007 * 28 / 56)
     assert timing.step_s(120) == pytest.approx(0.011 + 0.007 * 56 / 56)  # the last slope, extended
     assert GpuTiming().step_s(512) == pytest.approx(47.41e-3 * 0.4, rel=1e-3)  # ML.Energy's 8B point, scaled to 3B
+
+
+TEN_MS_A_TOKEN = GpuTiming(itl=((1, 0.01), (1024, 0.01)), prefill_tokens_per_s=1e12)
+
+
+def submit(engine: EmulatedEngine, tokens: int) -> Request:
+    """A request as `generate` queues it, without HTTP: `tokens` to decode."""
+    loop = asyncio.get_running_loop()
+    planned = {"output_ids": list(range(tokens)), "meta_info": {}}
+    request = Request({"input_ids": [1, 2, 3]}, "q", planned, 3, loop.create_future(), loop.time())
+    engine.waiting.append(request)
+    engine.work.set()
+    return request
+
+
+async def with_scheduler(scenario, timing: GpuTiming = TEN_MS_A_TOKEN):
+    engine = EmulatedEngine(None, {}, timing)
+    task = asyncio.get_running_loop().create_task(engine.run())
+    await asyncio.sleep(0)
+    try:
+        return engine, await scenario(engine)
+    finally:
+        task.cancel()
+
+
+def test_a_lag_of_the_emulators_own_event_loop_is_made_up_by_the_steps_after_it():
+    """SGLang's scheduler does not wait for its HTTP front end; the emulator's one event loop does, so the GPU's clock
+    makes up what the front end held it back (here a 0.3 s block, as parsing a burst of requests is)."""
+
+    async def scenario(engine):
+        loop = asyncio.get_running_loop()
+        request = submit(engine, 100)
+        await asyncio.sleep(0.2)
+        time.sleep(0.3)  # the front end holds the loop
+        await request.future
+        return loop.time() - request.arrived
+
+    engine, elapsed = asyncio.run(with_scheduler(scenario))
+    assert 1.0 <= elapsed < 1.2  # 100 steps of 10 ms; without making up, 1.3 s
+    assert engine.busy_s == pytest.approx(1.0) and engine.late_s < 0.05
+    assert 0.25 < engine.max_lag_s <= LAG_MADE_UP_S
+
+
+def test_a_request_that_arrives_during_a_lag_joins_no_step_before_it_arrived():
+    async def scenario(engine):
+        loop = asyncio.get_running_loop()
+        first = submit(engine, 100)
+        await asyncio.sleep(0.2)
+        time.sleep(0.3)
+        second = submit(engine, 10)  # arrives with the clock 0.3 s behind
+        await second.future
+        took = loop.time() - second.arrived
+        await first.future
+        return took
+
+    _, took = asyncio.run(with_scheduler(scenario))
+    assert took >= 0.095  # its 10 steps after it arrived, not among the steps that made the lag up
+
+
+def test_a_lag_beyond_what_is_made_up_is_counted_late():
+    scale = 0.1  # 1 ms a step of wall time; the 0.15 s block is 1.5 emulated seconds
+
+    async def scenario(engine):
+        request = submit(engine, 300)
+        await asyncio.sleep(0.05)
+        time.sleep(0.15)
+        await request.future
+
+    timing = GpuTiming(itl=((1, 0.01), (1024, 0.01)), prefill_tokens_per_s=1e12, time_scale=scale)
+    engine, _ = asyncio.run(with_scheduler(scenario, timing))
+    assert engine.late_s == pytest.approx(1.5 - LAG_MADE_UP_S, abs=0.15)
+    assert engine.busy_s == pytest.approx(3.0)
 
 
 @pytest.fixture(scope="module")
