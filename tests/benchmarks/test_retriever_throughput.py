@@ -54,10 +54,10 @@ def test_every_scenario_prints_its_figures_and_the_answers_are_exact(tiny, capsy
 
 
 def test_side_by_side_rounds_drive_both_servers_with_the_same_queries(tiny, capsys):
-    assert main([*tiny, "--search-r1-server", str(STANDIN), "--rounds", "2"]) == 0
+    assert main([*tiny, "--search-r1-server", str(STANDIN), "--rounds", "2", "--load-passes", "2"]) == 0
     out = lines(capsys.readouterr().out)
     scenarios = [(line["server"], line["requests"], line["ok"]) for line in out if "scenario" in line]
-    ours_first = [("ours", 4, 4), ("ours", 16, 16), ("search-r1", 4, 4), ("search-r1", 16, 16)]
+    ours_first = [("ours", 4, 4), ("ours", 32, 32), ("search-r1", 4, 4), ("search-r1", 32, 32)]  # 2 passes of 16
     assert scenarios == ours_first + ours_first[2:] + ours_first[:2]  # the order alternates
     rounds = [line for line in out if "round" in line]
     assert [r["round"] for r in rounds] == [1, 2] and all(r["8_clients_qps_ratio"] > 0 for r in rounds)
