@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -237,6 +238,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"needs the Search-R1 trajectories and corpus under {SHARED}", file=sys.stderr)
         return 2
 
+    work = Path(tempfile.mkdtemp(prefix="bench-overlap-"))
+    try:
+        results = measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the tokenizer, the index, the runs' folders: the figures are printed
+    if any(r["mode"] == "off" for r in results):
+        print(table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    return 0
+
+
+def measure(args, work: Path) -> list[dict]:
+    """Every mode of args.modes, one after the other, beside one retriever; each mode with engines of its own."""
     import ray
 
     from local_dense_retriever import build_index
@@ -244,7 +259,6 @@ def main(argv: list[str] | None = None) -> int:
     from slime_search.models.tiny_qwen import save_tiny_checkpoint
     from slime_search.utils.server_process import ServerProcess
 
-    work = Path(tempfile.mkdtemp(prefix="bench-overlap-"))
     args.tokenizer = args.tokenizer or str(save_tiny_checkpoint(work / "tiny"))
     corpus = SHARED / "corpus" / "wiki18_subset.jsonl"
     build_index.main(["--retriever-name", "bm25", "--corpus-path", str(corpus), "--save-dir", str(work)])
@@ -257,21 +271,19 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     results = []
     retriever_args = ["--retriever-name", "bm25", "--index-path", str(work / "bm25"), "--corpus-path", str(corpus)]
-    with RetrievalServerProcess(*retriever_args, "--topk", "3") as retriever:
-        for mode in args.modes:
-            engines = [ServerProcess(engine_argv, timeout=300) for _ in range(args.engines)]
-            try:
-                results.append(run_mode(mode, args, [e.url for e in engines], retriever.url, prompts, work))
-            finally:
-                for engine in engines:
-                    engine.stop()
-            print(json.dumps(results[-1]), flush=True)
-    ray.shutdown()
-    if any(r["mode"] == "off" for r in results):
-        print(table(results))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
-    return 0
+    try:
+        with RetrievalServerProcess(*retriever_args, "--topk", "3") as retriever:
+            for mode in args.modes:
+                engines = [ServerProcess(engine_argv, timeout=300) for _ in range(args.engines)]
+                try:
+                    results.append(run_mode(mode, args, [e.url for e in engines], retriever.url, prompts, work))
+                finally:
+                    for engine in engines:
+                        engine.stop()
+                print(json.dumps(results[-1]), flush=True)
+    finally:
+        ray.shutdown()
+    return results
 
 
 if __name__ == "__main__":

@@ -72,11 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         print("set SERPER_API_KEY (the stand-in's --api-key, or a real key)", file=sys.stderr)
         return 2
 
+    with tempfile.TemporaryDirectory(prefix="bench-serper-") as tmp:  # the tokenizer and, unless --cache, the cache
+        return measure(args, Path(tmp))
+
+
+def measure(args, work: Path) -> int:
     from slime_search.models.tiny_qwen import save_tiny_checkpoint
     from slime_search.search_r1.config import search_r1_args
     from slime_search.utils.server_process import ServerProcess
 
-    work = Path(tempfile.mkdtemp(prefix="bench-serper-"))
     tokenizer_path = str(save_tiny_checkpoint(work / "tiny"))
     cache = args.cache or str(work / "serper.sqlite")
     questions = load_questions(Path(args.trajectories), args.num_trajectories)

@@ -2,6 +2,8 @@
 smallest size it runs and prints its table, so a change of the driver's interface cannot break it unseen."""
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +19,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def test_the_benchmark_runs_every_mode_at_its_smallest_size(tmp_path, capsys):
     out = tmp_path / "overlap.json"
     flags = ["--prompts", "2", "--samples", "2", "--steps", "2", "--time-scale", "0.02", "--concurrency", "8"]
+    before = set(Path(tempfile.gettempdir()).glob("bench-overlap-*"))
     assert rollout_overlap.main([*flags, "--json", str(out)]) == 0
+    assert set(Path(tempfile.gettempdir()).glob("bench-overlap-*")) == before  # its work folder is removed
     results = {r["mode"]: r for r in json.loads(out.read_text())["results"]}
     assert set(results) == {"off", "one-step", "fully"}
     assert all(r["steps"] == 2 and r["trajectories_per_s"] > 0 for r in results.values())
