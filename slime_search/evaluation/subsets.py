@@ -41,6 +41,20 @@ class EvalSubset:
         return fixed_subset(count, self.size_for(count), self.seed, name)
 
 
+@dataclass(frozen=True)
+class UngradedQuestions:
+    """At most `size` of the questions of each set that the evaluations' subset `graded` leaves out (a fixed-seed
+    draw): fresh questions, on which a comparison the evaluations chose can be checked without their selection."""
+
+    graded: EvalSubset
+    size: int
+
+    def indices(self, name: str, count: int) -> list[int]:
+        graded = set(self.graded.indices(name, count))
+        rest = [i for i in range(count) if i not in graded]
+        return [rest[i] for i in fixed_subset(len(rest), self.size, self.graded.seed, f"{name}:ungraded")]
+
+
 def fixed_subset(count: int, size: int, seed: int, name: str) -> list[int]:
     """`size` of the indices 0..count-1, in order, the same for the same seed and set name on every machine."""
     if size >= count:

@@ -49,6 +49,7 @@ class HealthConfig:
     eval_patience: int = 4  # held-out falls in a row before a rollback (the first keeps its target); health.md: 2
     # rolled back 5 of 14 healthy asynchronous runs that recovered, 4 none of them and still every run that ended low
     end_drop: float = 0.1  # the final held-out metric this far below the best kept checkpoint's: end on that (0: off)
+    end_confirm: int = 500  # questions the evaluations left out on which an unsettled end_drop is confirmed (0: off)
     confirm_steps: int = 3  # a checkpoint is a rollback target once this many steps after it were clean
     max_rollbacks: int = 2  # within rollback_window steps; one more stops the run with the rule, the step and values
     rollback_window: int = 100  # steps a rollback counts against the budget and lowers the lr (0: the whole run)
@@ -212,6 +213,16 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         "--keep-checkpoints (0: off)",
     )
     g.add_argument(
+        "--health-end-confirm",
+        type=non_negative_int,
+        default=500,
+        help="when the final held-out evaluation is more than --health-end-drop below a kept checkpoint's best but "
+        "the evaluations cannot tell the fall from chance, both weights are evaluated on up to this many questions "
+        "of the eval sets that --eval-sample or --eval-interval-width left out, paired per question, and the run "
+        "ends on the checkpoint only if it is better there beyond chance (0: off; nothing to do when the "
+        "evaluations grade every question)",
+    )
+    g.add_argument(
         "--health-confirm-steps",
         type=positive_int,
         default=3,
@@ -263,6 +274,7 @@ def health_config(args: argparse.Namespace) -> HealthConfig:
         eval_drop=args.health_eval_drop,
         eval_patience=args.health_eval_patience,
         end_drop=args.health_end_drop,
+        end_confirm=args.health_end_confirm,
         confirm_steps=args.health_confirm_steps,
         max_rollbacks=args.max_rollbacks,
         rollback_window=args.health_rollback_window,

@@ -17,8 +17,8 @@ say is acted on, by severity.
               metric fell from its best by more than its margin: the run goes back to the newest checkpoint that
               stayed clean for --health-confirm-steps steps (health.policy) and continues with a remedy
     end_on_best  at the end of the run, the final held-out evaluation is more than --health-end-drop below the best
-              one of a kept checkpoint and that best lies above the final evaluation's interval: a late decline,
-              too small or too late for a rollback; the run ends on that checkpoint's weights
+              one of a kept checkpoint, beyond chance (or confirmed on questions the evaluations left out): a late
+              decline, too small or too late for a rollback; the run ends on that checkpoint's weights
 
 Each rule applies where its signal means something: with a demonstrator engine (SFT) the trainer-engine gap and the
 importance weights compare two different models, and without reward groups there is no reward signal to miss.
@@ -265,18 +265,26 @@ class HealthGuard:
         best = max(v for _, v in self.timeline.evals)
         return max(version for version, v in self.timeline.evals if best - v <= self.config.eval_drop)
 
-    def end_on_best(self, checkpoints: list[int]) -> Event | None:
-        """At the end of the run: whether to end on the best evaluated checkpoint instead of the last weights. Only
-        a decline larger than --health-end-drop and beyond chance counts: paired per question with the best chosen
-        among all the evaluations (health.heldout) where both have grades, else the final evaluation's interval's
-        upper bound below the best."""
+    def end_candidate(self, checkpoints: list[int]) -> tuple[int, float] | None:
+        """(version, value) of the best evaluated kept checkpoint, when the final held-out evaluation is more than
+        --health-end-drop below it."""
         if not self.config.enabled or not self.config.end_drop or not self.timeline.evals:
             return None
         final_version, final = self.timeline.evals[-1]
         best = self.policy.best_evaluated(checkpoints)
         if best is None or best[0] == final_version or best[1] - final <= self.config.end_drop:
             return None
-        version, value = best
+        return best
+
+    def end_on_best(self, checkpoints: list[int]) -> Event | None:
+        """At the end of the run: whether to end on the best evaluated checkpoint instead of the last weights. Only
+        a decline larger than --health-end-drop and beyond chance counts: paired per question with the best chosen
+        among all the evaluations (health.heldout) where both have grades, else the final evaluation's interval's
+        upper bound below the best."""
+        best = self.end_candidate(checkpoints)
+        if best is None:
+            return None
+        (version, value), (final_version, final) = best, self.timeline.evals[-1]
         grades = self.timeline.grades
         paired = paired_drop_is_real(grades.get(version), grades.get(final_version), len(self.timeline.evals))
         high = self.timeline.eval_highs.get(final_version)
@@ -292,6 +300,23 @@ class HealthGuard:
         if high is not None:
             values["high"] = high
         return Event(final_version, "end_on_best", "late_decline", message, values)
+
+    def end_on_confirmed(self, version: int, best: list[float], final: list[float]) -> Event | None:
+        """The end_candidate the evaluations could not tell from chance, checked on questions they did not grade:
+        the run ends on checkpoint `version` only if its grades there (`best`) beat the final weights' (`final`)
+        beyond chance, paired per question; one comparison, nothing chosen among these."""
+        if paired_drop_is_real(best, final, 1) is not True:
+            return None
+        (final_version, final_value), value = self.timeline.evals[-1], dict(self.timeline.evals)[version]
+        on_best, on_final = sum(best) / len(best), sum(final) / len(final)
+        message = (
+            f"{self.eval_key} {final_value:.3f} at the final version {final_version} is {value - final_value:.3f} "
+            f"below {value:.3f} at version {version} (--health-end-drop {self.config.end_drop}), and on {len(best)} "
+            f"questions the evaluations did not grade {on_final:.3f} against {on_best:.3f} (beyond chance, paired per "
+            f"question): the run ends on the checkpoint of step {version}"
+        )
+        values = {"value": final_value, "best": value, "ended_on": float(version), "fresh_final": on_final}
+        return Event(final_version, "end_on_best", "late_decline", message, {**values, "fresh_best": on_best})
 
     def _refusals(self, step: int, metrics: dict[str, Any]) -> list[Event]:
         """Updates the optimizer refused. A step none of whose updates was applied learned nothing: it counts as a

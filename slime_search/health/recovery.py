@@ -240,17 +240,68 @@ class Recovery:
 
     def end(self, steps_done: int) -> None:
         """After the final evaluation: a run whose held-out metric declined late ends on its best evaluated
-        checkpoint (HealthGuard.end_on_best); RUN/final.json names the weights the run ended on either way. The later
-        checkpoints stay: the records and a resume with more rollouts continue from the last."""
+        checkpoint (HealthGuard.end_on_best; a decline the evaluations cannot tell from chance is confirmed on
+        questions they left out first, `confirm_on_fresh`); RUN/final.json names the weights the run ended on either
+        way. The later checkpoints stay: the records and a resume with more rollouts continue from the last."""
         h = self.h
-        event = h.guard.end_on_best(h.run.checkpoint_steps())
+        checkpoints = h.run.checkpoint_steps()
+        event, why_last, served = h.guard.end_on_best(checkpoints), "the last step", False
+        candidate = h.guard.end_candidate(checkpoints) if event is None else None
+        if candidate is not None and self.fresh_questions() is not None:
+            event, why_last = self.confirm_on_fresh(candidate[0], steps_done)
+            served = event is not None  # the confirmation left the checkpoint served
         if event is None:
-            h.run.record_final(steps_done, "the last step", h.config.save_hf)
+            h.run.record_final(steps_done, why_last, h.config.save_hf)
             return
         target = int(event.values["ended_on"])
-        self.serve_checkpoint(target)
+        if not served:
+            self.serve_checkpoint(target)
         h.run.record_final(target, f"the best held-out evaluation: {event.message}", h.config.save_hf)
         self.report([event])
+
+    def fresh_questions(self):
+        """The questions of the eval sets the evaluations left out (--eval-sample, --eval-interval-width), at most
+        --health-end-confirm; None when there are none to use."""
+        from slime_search.evaluation.subsets import UngradedQuestions
+
+        subset, size = self.h.config.rollout.eval_subset, self.h.config.health.end_confirm
+        if not size or (subset.size is None and subset.width is None):
+            return None
+        return UngradedQuestions(subset, size)
+
+    def confirm_on_fresh(self, version: int, steps_done: int) -> tuple[Event | None, str]:
+        """The final weights and checkpoint `version` graded on fresh questions, paired: the event to end on the
+        checkpoint if it is better there beyond chance, else None and the final weights served again."""
+        import ray
+
+        from slime_search.rollout.evaluation import GRADES
+
+        h = self.h
+
+        def fresh_grades() -> list[float]:
+            h.colocation.for_generation()
+            metrics, _ = ray.get(h.manager.evaluate.remote(0, self.fresh_questions()))
+            return metrics[GRADES]
+
+        logger.info(
+            "health: the final held-out evaluation fell late and not beyond chance; confirming on questions "
+            "the evaluations did not grade (the final weights, then the checkpoint of step %d)",
+            version,
+        )
+        final = fresh_grades()
+        if len(final) < 2:  # the evaluations left (almost) nothing out
+            return None, "the last step"
+        self.serve_checkpoint(version)
+        best = fresh_grades()
+        event = h.guard.end_on_confirmed(version, best, final)
+        if event is not None:
+            return event, ""
+        self.serve_checkpoint(steps_done)  # the final weights again
+        on = f"{sum(final) / len(final):.3f} against {sum(best) / len(best):.3f}"
+        why = f"the last step: the late fall was not confirmed on {len(final)} questions the evaluations did not grade "
+        why += f"(the final weights {on} for the checkpoint of step {version})"
+        logger.info("health: %s", why)
+        return None, why
 
 
 def first_rollback(events: list[Event]) -> Event | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_search.engines.deployment import EngineConfig
-from slime_search.evaluation.subsets import ROW_KEY, SET_SIZE_KEY, EvalSubset
+from slime_search.evaluation.subsets import ROW_KEY, SET_SIZE_KEY, EvalSubset, UngradedQuestions
 from slime_search.plugins import Plugins
 from slime_search.rollout.data_source import DataConfig, DataSource, load_rows
 from slime_search.rollout.rollout import RolloutConfig
@@ -97,7 +97,7 @@ def evaluation_samples(
     reward_key: str,
     run: Callable,
     params: dict,
-    subset: EvalSubset | None = None,
+    subset: EvalSubset | UngradedQuestions | None = None,
 ) -> list[Sample]:
     """The subset's rows of every eval set (all by default) once, in file order; the set's NAME fills in a missing
     data_source. Each sample's metadata holds its row in the file (ROW_KEY), which names the question when
@@ -233,16 +233,17 @@ class RolloutManager:
         """The engines serve `version` now: the stream may admit the groups it allows."""
         self.stream.set_policy_version(version)
 
-    def evaluate(self, examples: int = 0) -> tuple[dict[str, float], list[dict]]:
-        """Greedy decoding of every eval set; the reward's numeric keys (EM, F1, ...) per data source, search rate,
-        turns, and the per-question grades (GRADES)."""
+    def evaluate(self, examples: int = 0, subset=None) -> tuple[dict[str, float], list[dict]]:
+        """Greedy decoding of every eval set (the questions of `subset`, by default those of --eval-sample); the
+        reward's numeric keys (EM, F1, ...) per data source, search rate, turns, and the per-question grades (GRADES)."""
         from slime_search.rollout.evaluation import GRADES, evaluate_samples, question_grades
 
         reward_key = self.config.rollout.reward_key
         config = self.config
         samples = evaluation_samples(
-            config.eval_sets, config.data, reward_key, self._run, config.eval_sampling_params, config.eval_subset
-        )
+            config.eval_sets, config.data, reward_key, self._run, config.eval_sampling_params,
+            subset or config.eval_subset,
+        )  # fmt: skip
         shown = [sample_record(s, reward_key) for s in samples[:examples]]
         return {**evaluate_samples(samples, reward_key), GRADES: question_grades(samples, reward_key)}, shown
 

@@ -7,13 +7,17 @@ import json
 import os
 import subprocess
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from local_dense_retriever.launch import RetrievalServerProcess
 from slime_search.health.verdict import verdict
+from slime_search.search_r1.prompt import make_row
 from tests.conftest import REPO_ROOT
+from tests.e2e.faulty_plugins import EVAL_QUESTIONS, EVAL_SAMPLE
 from tests.e2e.test_train_e2e import prepare_task, tiny_train_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -146,3 +150,54 @@ def test_a_late_decline_ends_the_run_on_its_best_evaluated_checkpoint(tiny_check
     assert not all(torch.equal(last[k], best[k]) for k in best)  # the last weights are others
     assert verdict(events(run)).endswith("the run ends on the checkpoint of step 1")
     assert json.loads((run / "final.json").read_text())["hf"] == "hf/step_1"  # the weights chosen, whatever transport
+
+
+def late_fall_command(tiny_checkpoint, tmp_path, task, plugin: str) -> list[str]:
+    """Two steps evaluated at every version on EVAL_SAMPLE of EVAL_QUESTIONS held-out questions; `plugin` grades
+    versions 0 and 1 right and version 2 a fall of 0.25 on those (not beyond chance on 4 questions)."""
+    questions = [
+        make_row({"question": f"where does the otter number {i} live", "golden_answers": ["valley"]}, "nq", "test", i)
+        for i in range(EVAL_QUESTIONS)
+    ]
+    pq.write_table(pa.Table.from_pylist(questions), tmp_path / "heldout.parquet")
+    return tiny_train_command(
+        tiny_checkpoint, tmp_path, task, "--num-rollout", "2", "--lr", "1e-2",
+        "--eval-prompt-data", "nq", str(tmp_path / "heldout.parquet"), "--eval-interval", "1",
+        "--eval-sample", str(EVAL_SAMPLE), "--save-interval", "1", "--keep-checkpoints", "1",
+        "--custom-rm-path", f"tests.e2e.faulty_plugins.{plugin}",
+        "--health-eval-drop", "5", "--health-reward-drop", "5",  # the fall must reach the end: no rollback
+    )  # fmt: skip
+
+
+def test_a_late_fall_the_evaluations_cannot_settle_is_confirmed_on_the_questions_they_left_out(
+    tiny_checkpoint, tmp_path, task
+):
+    run = tmp_path / "run"
+    result = run_training(late_fall_command(tiny_checkpoint, tmp_path, task, "declines_on_the_ungraded_questions"),
+                          tmp_path, "confirmed")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [(r["step"], r["eval/score"]) for r in records(run, "eval/score")] == [(0, 1.0), (1, 1.0), (2, 0.75)]
+    [end] = [e for e in events(run) if e["action"] == "end_on_best"]
+    fresh = EVAL_QUESTIONS - EVAL_SAMPLE
+    assert end["values"]["ended_on"] == 1.0 and end["values"]["fresh_best"] == 1.0
+    assert (
+        end["values"]["fresh_final"] == 0.0 and f"on {fresh} questions the evaluations did not grade" in end["message"]
+    )
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["step_1"]  # the engines serve checkpoint 1
+    final = json.loads((run / "final.json").read_text())
+    assert final["step"] == 1 and final["checkpoint"] == "checkpoints/iter_0000001"
+    assert (run / "checkpoints" / "iter_0000002").is_dir()  # the last weights stay on disk
+
+
+def test_a_late_fall_the_left_out_questions_do_not_confirm_keeps_the_last_weights(tiny_checkpoint, tmp_path, task):
+    run = tmp_path / "run"
+    result = run_training(late_fall_command(tiny_checkpoint, tmp_path, task, "holds_on_the_ungraded_questions"),
+                          tmp_path, "unconfirmed")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [(r["step"], r["eval/score"]) for r in records(run, "eval/score")] == [(0, 1.0), (1, 1.0), (2, 0.75)]
+    assert not [e for e in events(run) if e["action"] == "end_on_best"]
+    final = json.loads((run / "final.json").read_text())
+    assert final["step"] == 2 and "not confirmed on 12 questions the evaluations did not grade" in final["reason"]
+    assert "(the final weights 1.000 against 1.000 for the checkpoint of step 1)" in final["reason"]
+    # the checkpoint was served for its evaluation, then the last weights again
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["step_2"]

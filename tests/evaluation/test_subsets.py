@@ -4,7 +4,13 @@ import argparse
 
 import pytest
 
-from slime_search.evaluation.subsets import EvalSubset, add_eval_subset_arguments, eval_subset, fixed_subset
+from slime_search.evaluation.subsets import (
+    EvalSubset,
+    UngradedQuestions,
+    add_eval_subset_arguments,
+    eval_subset,
+    fixed_subset,
+)
 
 
 def test_a_fixed_subset_is_the_same_per_seed_and_set_and_differs_across_them():
@@ -40,3 +46,15 @@ def test_the_flags_build_the_subset_and_refuse_what_cannot_work(capsys):
         with pytest.raises(SystemExit):
             parse(bad)
     assert "--eval-interval-width" in capsys.readouterr().err
+
+
+def test_the_ungraded_questions_are_those_the_subset_leaves_out_at_most_as_many_as_asked():
+    graded = EvalSubset(size=64, seed=3)
+    fresh = UngradedQuestions(graded, 100)
+    rows = fresh.indices("nq", 600)
+    assert len(rows) == 100 and rows == sorted(set(rows)) and not set(rows) & set(graded.indices("nq", 600))
+    assert rows == UngradedQuestions(EvalSubset(size=64, seed=3), 100).indices("nq", 600)  # on every machine
+    assert rows != fresh.indices("hotpotqa", 600)  # each set its own draw
+    everything_left = UngradedQuestions(graded, 1000).indices("nq", 600)
+    assert sorted(everything_left + graded.indices("nq", 600)) == list(range(600))
+    assert UngradedQuestions(EvalSubset(size=64), 100).indices("tiny", 50) == []  # a set graded whole

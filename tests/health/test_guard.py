@@ -317,6 +317,28 @@ def test_a_decline_inside_the_final_evaluations_interval_or_the_margin_keeps_the
     assert evaluated(HealthGuard(HealthConfig(enabled=False)), LATE_DECLINE).end_on_best([14, 20]) is None
 
 
+def test_a_fall_the_evaluations_cannot_settle_is_ended_on_only_when_fresh_questions_confirm_it():
+    """The noisy decline above (the interval reaches the best) is an end candidate but no end_on_best; on questions
+    the evaluations did not grade the checkpoint must beat the final weights beyond chance, one paired comparison."""
+    noisy = [(10, 0.844, 0.92), (12, 0.80, 0.88), (14, 0.70, 0.78)]
+    guard = evaluated(HealthGuard(HealthConfig(end_drop=0.1)), noisy)
+    guard.timeline.eval_highs[14] = 0.9  # the interval reaches the best: not beyond chance on the evaluations
+    assert guard.end_on_best([10, 12, 14]) is None and guard.end_candidate([10, 12, 14]) == (10, 0.844)
+    better = [1.0] * 30 + [0.0] * 10
+    worse = [1.0] * 18 + [0.0] * 22  # 12 of the 30 the checkpoint gets right, the final weights get wrong
+    event = guard.end_on_confirmed(10, better, worse)
+    assert event.action == "end_on_best" and event.rule == "late_decline" and event.step == 14
+    assert event.values == {"value": 0.7, "best": 0.844, "ended_on": 10.0, "fresh_final": 0.45, "fresh_best": 0.75}
+    assert "on 40 questions the evaluations did not grade 0.450 against 0.750" in event.message
+    assert "checkpoint of step 10" in event.message
+    assert guard.end_on_confirmed(10, better, better) is None  # equal on fresh questions: the last weights
+    assert guard.end_on_confirmed(10, [1.0, 0.0, 1.0], [0.0, 0.0, 1.0]) is None  # one question apart: chance
+    assert guard.end_on_confirmed(10, worse, better) is None  # the final weights are the better ones
+    # no candidate, nothing to confirm: within --health-end-drop, or the guard off
+    assert evaluated(HealthGuard(HealthConfig(end_drop=0.2)), noisy).end_candidate([10, 12, 14]) is None
+    assert evaluated(HealthGuard(HealthConfig(enabled=False)), noisy).end_candidate([10, 12, 14]) is None
+
+
 def test_a_rollback_forgets_the_evaluations_it_undoes_and_a_replay_remembers_the_rest():
     guard = evaluated(HealthGuard(HealthConfig(end_drop=0.1)), LATE_DECLINE)
     guard.rolled_back(8, at_step=10)  # versions 8.. are undone: the best left is version 6
