@@ -284,8 +284,7 @@ class HealthGuard:
         best = self.end_candidate(checkpoints)
         if best is None:
             return None
-        (version, value), (final_version, final) = best, self.timeline.evals[-1]
-        grades = self.timeline.grades
+        (version, value), (final_version, final), grades = best, self.timeline.evals[-1], self.timeline.grades
         paired = paired_drop_is_real(grades.get(version), grades.get(final_version), len(self.timeline.evals))
         high = self.timeline.eval_highs.get(final_version)
         if paired is False or (paired is None and (high is None or high >= value)):
@@ -302,19 +301,16 @@ class HealthGuard:
         return Event(final_version, "end_on_best", "late_decline", message, values)
 
     def end_on_confirmed(self, version: int, best: list[float], final: list[float]) -> Event | None:
-        """The end_candidate the evaluations could not tell from chance, checked on questions they did not grade:
-        the run ends on checkpoint `version` only if its grades there (`best`) beat the final weights' (`final`)
-        beyond chance, paired per question; one comparison, nothing chosen among these."""
+        """The end_candidate the evaluations could not settle, checked on questions they did not grade: the run ends
+        on checkpoint `version` only if its grades (`best`) beat the final weights' beyond chance, one paired test."""
         if paired_drop_is_real(best, final, 1) is not True:
             return None
         (final_version, final_value), value = self.timeline.evals[-1], dict(self.timeline.evals)[version]
         on_best, on_final = sum(best) / len(best), sum(final) / len(final)
-        message = (
-            f"{self.eval_key} {final_value:.3f} at the final version {final_version} is {value - final_value:.3f} "
-            f"below {value:.3f} at version {version} (--health-end-drop {self.config.end_drop}), and on {len(best)} "
-            f"questions the evaluations did not grade {on_final:.3f} against {on_best:.3f} (beyond chance, paired per "
-            f"question): the run ends on the checkpoint of step {version}"
-        )
+        message = (f"{self.eval_key} {final_value:.3f} at the final version {final_version} is {value - final_value:.3f} "
+                   f"below {value:.3f} at version {version} (--health-end-drop {self.config.end_drop}), and on "
+                   f"{len(best)} questions the evaluations did not grade {on_final:.3f} against {on_best:.3f} (beyond "
+                   f"chance, paired per question): the run ends on the checkpoint of step {version}")  # fmt: skip
         values = {"value": final_value, "best": value, "ended_on": float(version), "fresh_final": on_final}
         return Event(final_version, "end_on_best", "late_decline", message, {**values, "fresh_best": on_best})
 
