@@ -240,6 +240,7 @@ class SimEval:
 
 
 def run_config(args, run_dir: Path):
+    from slime_search.evaluation.subsets import EvalSubset
     from slime_search.health.config import HealthConfig
     from slime_search.rollout.schedule import ScheduleConfig
     from slime_search.run_config import RunConfig
@@ -259,7 +260,9 @@ def run_config(args, run_dir: Path):
         train_group=None,
         model=SimpleNamespace(load=None),
         actor=SimpleNamespace(loss=loss),
-        rollout=SimpleNamespace(eval_sets=["heldout"], rollout=SimpleNamespace(reward_key="score")),
+        rollout=SimpleNamespace(  # the simulated evaluations grade every question: nothing is left to confirm on
+            eval_sets=["heldout"], eval_subset=EvalSubset(), rollout=SimpleNamespace(reward_key="score")
+        ),
         weight_sync=None,
         schedule=ScheduleConfig("off"),
         wandb=(False, "", None),

@@ -48,7 +48,8 @@ class HealthConfig:
     eval_drop: float = 0.2  # a held-out metric below its best by more than this (and beyond chance)
     eval_patience: int = 4  # held-out falls in a row before a rollback (the first keeps its target); health.md: 2
     # rolled back 5 of 14 healthy asynchronous runs that recovered, 4 none of them and still every run that ended low
-    end_drop: float = 0.1  # the final held-out metric this far below the best kept checkpoint's: end on that (0: off)
+    end_drop: float = 0.05  # the final held-out metric this far below the best kept checkpoint's: end on that (0: off);
+    # the paired test and the confirmation on fresh questions guard against chance (health.md: benchmarks.end_rule)
     end_confirm: int = 500  # questions the evaluations left out on which an unsettled end_drop is confirmed (0: off)
     confirm_steps: int = 3  # a checkpoint is a rollback target once this many steps after it were clean
     max_rollbacks: int = 2  # within rollback_window steps; one more stops the run with the rule, the step and values
@@ -206,7 +207,7 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--health-end-drop",
         type=non_negative_float,
-        default=0.1,
+        default=0.05,
         help="at the end of the run, when the final held-out evaluation is more than this below the best one of a "
         "kept checkpoint (and that best lies above the final evaluation's interval), the run ends on that "
         "checkpoint's weights: the engines serve them, RUN/final.json names them; the guard keeps it from "
