@@ -40,7 +40,16 @@ CPU = [
 # Never imported at module import time: only on GPU code paths. The versions that go together are pinned in
 # constraints-gpu.txt; TransformerEngine compiles against the installed torch, so it is a separate step
 # (--no-build-isolation, docs/gpu.md). SGLang does not depend on its router, which every multi-engine run starts.
-GPU = ["sglang>=0.5.20,<0.6", "sglang-router>=0.3.2", "torch-memory-saver>=0.0.9.post1", "faiss-gpu-cu12>=1.8"]
+# The retriever's query encoder runs on the CPU by default on a GPU node too (the recipes keep it off the training
+# GPUs): ONNX Runtime, as in the CPU extra.
+GPU = [
+    "sglang>=0.5.20,<0.6",
+    "sglang-router>=0.3.2",
+    "torch-memory-saver>=0.0.9.post1",
+    "faiss-gpu-cu12>=1.8",
+    "onnxruntime>=1.17",
+    "onnx>=1.15",
+]
 
 DEV = [
     "pytest>=8",

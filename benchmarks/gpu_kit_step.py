@@ -4,13 +4,14 @@
     python -m benchmarks.gpu_kit_step --attention-impl local --cpu                           # CPU: the tiny shape
     python -m benchmarks.gpu_kit_step --attention-impl packed --recompute --budgets 8192       # as the 3B recipe runs
 
-Part (b) of `benchmarks.gpu_kit`, which runs it once per implementation so that each gets a fresh process and
-device. Random weights seeded alike (both implementations start from the same weights: the first step's loss and
-gradient norm must agree), bf16 and the distributed optimizer on CUDA, fp32 on CPU; the same packed samples at every
-budget. Per budget: one warm-up step, then --steps timed steps. MFU counts 6 x parameters x tokens (attention FLOPs
-excluded, as in benchmarks.megatron_train) against --peak-tflops. On CUDA a budget that runs out of memory is
-recorded as such and ends the run (larger budgets need more). On CPU the memory figure is the process's peak
-resident set so far (the budgets run in increasing order). CPU defaults: 4 samples of 32-64 tokens, budgets 64, 128, 256.
+The attentions compared on one device (`benchmarks.gpu_kit` runs the recipe's own step instead:
+`benchmarks.gpu_kit_recipe`); run once per implementation and budget for a fresh process and device each. Random
+weights seeded alike (both implementations start from the same weights: the first step's loss and gradient norm must
+agree), bf16 and the distributed optimizer on CUDA, fp32 on CPU; the same packed samples at every budget. Per budget:
+one warm-up step, then --steps timed steps. MFU counts 6 x parameters x tokens (attention FLOPs excluded, as in
+benchmarks.megatron_train) against --peak-tflops. On CUDA a budget that runs out of memory is recorded as such and
+ends the run (larger budgets need more). On CPU the memory figure is the process's peak resident set so far (the
+budgets run in increasing order). CPU defaults: 4 samples of 32-64 tokens, budgets 64, 128, 256.
 """
 
 from __future__ import annotations
@@ -18,25 +19,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
 import sys
 import time
 
 GPU_SHAPE = (36, 2048, 16, 2, 11008, 151936, True)  # Qwen2.5-3B
 CPU_SHAPE = (2, 64, 4, 2, 128, 151936, True)  # the tiny Qwen2 of the CPU tests
-
-
-def samples_of(count: int, shortest: int, longest: int, vocab: int):
-    from slime_search.types import TrainSample
-
-    rng = random.Random(0)
-    samples = []
-    for _ in range(count):
-        n = rng.randint(shortest, longest)
-        response = n // 2
-        tokens = [rng.randrange(vocab) for _ in range(n)]
-        samples.append(TrainSample(tokens, response, [1] * response, rng.gauss(0, 1)))
-    return samples
 
 
 def peak_memory_gib(cuda: bool) -> float:
@@ -69,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda and not torch.cuda.is_available():
         print("error: no CUDA GPU (use --cpu)", file=sys.stderr)
         return 2
+    from benchmarks.gpu_kit_shared import samples_of
     from megatron_bridge import ModelShape
     from megatron_bridge.param_count import count_parameters
     from slime_search.backends.megatron.actor import ActorConfig, MegatronActor

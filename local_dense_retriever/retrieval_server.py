@@ -280,6 +280,21 @@ def create_app(service: RetrievalService):
     return app
 
 
+def encoder_threads(requested: int | None, asked: str, runtime: str, cores: int) -> tuple[int, int]:
+    """(torch's threads, ONNX Runtime's) for the query encoder: `requested` (--encoder-threads) for both when given;
+    else ONNX Runtime one per core this process may use, its idle threads told not to spin (with two it served
+    1.2-1.5x the queries of one beside 256 clients on two cores, docs/benchmarks/retrieval.md), and torch one thread
+    when asked for by name (`asked`, --encoder-runtime torch): a team of threads meets at a barrier after every
+    operation, and on cores that other processes share one preempted member stalls the rest (one thread held up
+    where two collapsed). Where "auto" falls back to torch (ONNX Runtime not installed) torch takes the cores: one
+    thread would serve a GPU node's many cores at a fraction of their speed."""
+    if requested is not None:
+        return requested, requested
+    if runtime == "torch" and asked == "auto":
+        return cores, cores
+    return 1, cores
+
+
 def load_retriever(args: argparse.Namespace):
     """The search function and the facts /health reports, from the CLI flags."""
     from local_dense_retriever.index import BM25Retriever, DenseRetriever, encoder_config_from_meta, read_meta
@@ -299,16 +314,16 @@ def load_retriever(args: argparse.Namespace):
     config = encoder_config_from_meta(
         meta, model_path=args.retriever_model, fp16=args.fp16 or None, batch_size=args.encoder_batch_size
     )
-    # torch: one thread. A team of threads meets at a barrier after every operation; on cores that other processes
-    # (the server's own clients among them) share, one preempted member stalls the rest: one thread per forward pass
-    # held up where two collapsed. ONNX Runtime: one per core this process may use, its idle threads told not to spin;
-    # with two it served 1.2-1.5x the queries of one beside 256 clients on two cores (docs/benchmarks/retrieval.md).
     import torch
 
-    torch_threads = 1 if args.encoder_threads is None else args.encoder_threads
+    from local_dense_retriever.onnx_forward import resolve_runtime
+
+    runtime = resolve_runtime(args.encoder_runtime, "cuda" if torch.cuda.is_available() else "cpu")
+    torch_threads, onnx_threads = encoder_threads(
+        args.encoder_threads, args.encoder_runtime, runtime, len(os.sched_getaffinity(0))
+    )
     if torch_threads:
         torch.set_num_threads(torch_threads)
-    onnx_threads = len(os.sched_getaffinity(0)) if args.encoder_threads is None else args.encoder_threads
     retriever = DenseRetriever(
         args.index_path, config, faiss_gpu=args.faiss_gpu, runtime=args.encoder_runtime, threads=onnx_threads
     )
@@ -350,8 +365,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--encoder-threads",
         type=int,
         default=None,
-        help="CPU threads of one encoder forward pass (intra-op); default: one per core for ONNX Runtime, 1 for "
-        "torch; 0: the runtime's own default",
+        help="CPU threads of one encoder forward pass (intra-op); default: one per core for ONNX Runtime, and for "
+        "torch when it serves because ONNX Runtime is not installed; 1 for --encoder-runtime torch; 0: the runtime's "
+        "own default",
     )
     parser.add_argument(
         "--encoder-runtime",

@@ -46,6 +46,8 @@ def test_the_cpu_extra_has_the_retrieval_servers_query_encoder_runtime():
 def test_the_gpu_extra_has_what_a_gpu_run_starts():
     # no SGLang version depends on sglang-router, and every run with SGLang engines starts it
     assert {"sglang", "sglang-router", "torch-memory-saver"} <= names(setup_lists()["GPU"])
+    # the recipes' retriever encodes queries on the CPU of a GPU node as well: ONNX Runtime, or torch at a fraction
+    assert {"onnx", "onnxruntime"} <= names(setup_lists()["GPU"])
 
 
 def test_every_gpu_package_is_pinned_to_one_tested_version():

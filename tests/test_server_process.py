@@ -52,3 +52,31 @@ def test_a_server_that_prints_no_address_fails_in_bounded_time():
         late.wait_ready()
     assert time.monotonic() - waited_from < 15  # a late wait gets a grace of at most the timeout, not a new start
     assert late.proc.poll() is not None  # and the failed server was stopped
+
+
+# Prints its address, answers /health, and serves its own environment as JSON on /env.
+ENV_SERVER = HEALTHY_SERVER.replace(
+    "    def log_message",
+    """    def do_POST(self):
+        import json, os
+        body = json.dumps(dict(os.environ)).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message""",
+)
+
+
+def test_a_server_gets_the_environment_given_without_the_variables_taken_out(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setenv("KEPT_VARIABLE", "1")
+    with ServerProcess(
+        ["-c", ENV_SERVER], env={"ADDED": "2"}, unset_env=("PYTORCH_CUDA_ALLOC_CONF", "ABSENT_ANYWAY")
+    ) as server:
+        seen = httpx.post(f"{server.url}/env", timeout=5).json()
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in seen and (seen["KEPT_VARIABLE"], seen["ADDED"]) == ("1", "2")
+    with ServerProcess(["-c", ENV_SERVER]) as server:  # nothing taken out unless asked
+        assert (
+            httpx.post(f"{server.url}/env", timeout=5).json()["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+        )

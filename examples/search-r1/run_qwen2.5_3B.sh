@@ -12,6 +12,11 @@
 # RETRIEVER_INDEX=indexes/e5_HNSW64.index, unless the node has the cores for a 21M-vector flat search); with
 # RETRIEVER_GPUS=ID[,ID] it takes those GPUs, which Ray then does not hand out (they must come after the
 # ACTOR_GPUS + ROLLOUT_GPUS that Ray uses), with the index on them in fp16.
+# RECIPE=search-r1 trains with Search-R1's own 3B step instead of slime's (README.md, "This recipe, slime's and
+# Search-R1's"): 512 prompts x 5 samples per rollout, updated in 10 optimizer steps of 256; the learning rate warmed up
+# linearly over the first 28.5% of the rollouts; Adam beta2 0.999; an entropy bonus of 0.001; clip 0.2 / 0.2; the loss
+# averaged over tokens; top_p 0.95 (with USE_TIS=1 it stays 1: TIS compares the trainer's full distribution with the
+# engine's, which top_p truncates); 1,005 rollouts.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 
@@ -34,9 +39,28 @@ USE_TIS=${USE_TIS:-0}
 COLOCATE=${COLOCATE:-0}
 ASYNC_MODE=${ASYNC_MODE:-off}
 MAX_STALENESS=${MAX_STALENESS:-2}
-NUM_ROLLOUT=${NUM_ROLLOUT:-1000}
+RECIPE=${RECIPE:-slime}
 RETRIEVER_GPUS=${RETRIEVER_GPUS:-}
 RETRIEVER_INDEX=${RETRIEVER_INDEX:-${INDEX_DIR}/e5_Flat.index}
+
+GLOBAL_BATCH_SIZE=256
+case "${RECIPE}" in
+   slime)  # slime's examples/search-r1 recipe: one optimizer step per rollout
+      NUM_ROLLOUT=${NUM_ROLLOUT:-1000}
+      PROMPTS_PER_ROLLOUT=32 SAMPLES_PER_PROMPT=8 EPS_CLIP_HIGH=0.28 ENTROPY_COEF=0.00 ADAM_BETA2=0.98
+      ;;
+   search-r1)  # Search-R1's train_grpo.sh and verl's ppo_trainer.yaml
+      NUM_ROLLOUT=${NUM_ROLLOUT:-1005}  # trainer.total_training_steps
+      # data.train_batch_size, rollout.n_agent: 2,560 trajectories, ppo_mini_batch_size 256 of them per update
+      PROMPTS_PER_ROLLOUT=512 SAMPLES_PER_PROMPT=5
+      EPS_CLIP_HIGH=0.2 ENTROPY_COEF=0.001 ADAM_BETA2=0.999  # clip_ratio, entropy_coeff, AdamW's betas there
+      ;;
+   *)
+      echo "error: RECIPE=${RECIPE}: use slime (the default) or search-r1" >&2
+      exit 2
+      ;;
+esac
+STEPS_PER_ROLLOUT=$((PROMPTS_PER_ROLLOUT * SAMPLES_PER_PROMPT / GLOBAL_BATCH_SIZE))
 
 CKPT_ARGS=(
    --hf-checkpoint "${MODEL_DIR}"
@@ -53,9 +77,9 @@ ROLLOUT_ARGS=(
    --apply-chat-template
    --rollout-shuffle
    --num-rollout "${NUM_ROLLOUT}"
-   --rollout-batch-size 32
-   --n-samples-per-prompt 8
-   --global-batch-size 256
+   --rollout-batch-size "${PROMPTS_PER_ROLLOUT}"
+   --n-samples-per-prompt "${SAMPLES_PER_PROMPT}"
+   --global-batch-size "${GLOBAL_BATCH_SIZE}"
    --rollout-max-response-len 500  # per turn, as Search-R1's max_response_length
    --rollout-temperature 1
 )
@@ -85,12 +109,18 @@ GRPO_ARGS=(
    --use-kl-loss
    --kl-loss-coef 0.001
    --kl-loss-type low_var_kl
-   --entropy-coef 0.00
+   --entropy-coef "${ENTROPY_COEF}"
    --eps-clip 0.2
-   --eps-clip-high 0.28
+   --eps-clip-high "${EPS_CLIP_HIGH}"
 )
 if [[ "${USE_TIS}" == "1" ]]; then
    GRPO_ARGS+=(--use-tis --tis-cap 2.0)
+fi
+if [[ "${RECIPE}" == "search-r1" ]]; then
+   GRPO_ARGS+=(--calculate-per-token-loss)  # a mean over response tokens, as verl's masked_mean
+   if [[ "${USE_TIS}" != "1" ]]; then
+      ROLLOUT_ARGS+=(--rollout-top-p 0.95)  # rollout.top_p there
+   fi
 fi
 
 OPTIMIZER_ARGS=(
@@ -99,8 +129,12 @@ OPTIMIZER_ARGS=(
    --lr-decay-style constant
    --weight-decay 0.01
    --adam-beta1 0.9
-   --adam-beta2 0.98
+   --adam-beta2 "${ADAM_BETA2}"
 )
+if [[ "${RECIPE}" == "search-r1" ]]; then
+   # lr_warmup_steps_ratio 0.285 of the rollouts; verl steps its scheduler once per rollout, ours once per update
+   OPTIMIZER_ARGS+=(--lr-warmup-iters "$((NUM_ROLLOUT * 285 / 1000 * STEPS_PER_ROLLOUT))")
+fi
 
 SGLANG_ARGS=(
    --rollout-num-gpus-per-engine 2

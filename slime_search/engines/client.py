@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 # SGLang versions from which tensor and distributed weight updates must sit between /begin_weight_update and
@@ -211,9 +214,10 @@ class EngineClient:
     async def continue_generation(self) -> dict:
         return await self._request("POST", "/continue_generation", {})
 
-    async def flush_cache(self) -> str:
-        """SGLang answers in plain text."""
-        return await self._request("POST", "/flush_cache")
+    async def flush_cache(self, timeout_s: float = 0.0) -> str:
+        """SGLang answers in plain text, 400 when it is not idle (a request running or waiting). With `timeout_s` it
+        waits that long for idleness before answering 400 (SGLang >= 0.5.23; earlier versions answer at once)."""
+        return await self._request("POST", f"/flush_cache?timeout={timeout_s:g}" if timeout_s else "/flush_cache")
 
     async def abort(self, rid: str | None = None) -> None:
         """Abort one request (its exact rid) or, without one, every request."""
@@ -237,6 +241,54 @@ async def call_engine(url: str, method: str, *args, **kwargs):
 async def on_every_engine(urls: list[str], call: Callable[[str], Awaitable[T]]) -> list[T]:
     """`call(url)` for every engine, concurrently; the answers in the order of `urls`."""
     return list(await asyncio.gather(*(call(url) for url in urls)))
+
+
+@dataclass(frozen=True)
+class IdleWait:
+    """How a memory release waits for its engine to be idle (`release_memory_when_idle`)."""
+
+    deadline_s: float = 30.0  # for the requests still there to finish on their own
+    abort_grace_s: float = 30.0  # then, after aborting every request, for the engine to drop them
+    flush_timeout_s: float = 10.0  # one /flush_cache?timeout= wait
+    retry_pause_s: float = 0.2  # between a refused flush and the next
+
+
+async def flush_when_idle(client: EngineClient, within_s: float, wait: IdleWait) -> bool:
+    """Flush the engine's cache once it is idle, trying for `within_s` seconds; whether it got there."""
+    deadline = time.monotonic() + within_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            await client.flush_cache(min(wait.flush_timeout_s, remaining))
+            return True
+        except EngineError as err:
+            if err.status != 400:  # 400: not idle (yet), or another flush is waiting
+                raise
+        await asyncio.sleep(wait.retry_pause_s)
+    return False
+
+
+async def release_memory_when_idle(url: str, tags: list[str] | None, wait: IdleWait = IdleWait()) -> None:  # noqa: B008
+    """SGLang's memory release, on an idle engine only: SGLang asserts idleness, and a release while a request is
+    running or waiting ends the whole engine process. Requests still there after `wait.deadline_s` (a generation its
+    client gave up on keeps running in SGLang) are aborted first."""
+    client = EngineClient(EngineClientConfig(url))
+    try:
+        if not await flush_when_idle(client, wait.deadline_s, wait):
+            logger.warning(
+                "engine %s still had requests running %g s after generation ended: they are aborted before its memory "
+                "goes to the trainer (requests a client stops waiting for keep running in the engine)",
+                url,
+                wait.deadline_s,
+            )
+            await client.abort()
+            if not await flush_when_idle(client, wait.abort_grace_s, wait):
+                raise EngineError(
+                    f"engine {url} is not idle {wait.abort_grace_s:g} s after every request was aborted; its memory "
+                    "is not released (SGLang would exit on a release now)"
+                )
+        await client.release_memory(tags)
+    finally:
+        await client.close()
 
 
 def check_success(url: str, what: str, answer: dict) -> dict:

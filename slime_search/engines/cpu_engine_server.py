@@ -9,10 +9,12 @@ version), /server_info; POST /update_weights_from_disk; the weight-update sessio
 /end_weight_update) that tensor and distributed updates must sit in; broadcast weight sync
 (/init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group) over gloo;
 /update_weights_from_tensor with shared-memory handles; /release_memory_occupation and /resume_memory_occupation
-(JSON null); /flush_cache (plain text); /abort_request (empty body). Concurrent /generate requests are collected for
-a few milliseconds and run as one batch (shared prefill and decode passes over a KV cache). Weight updates run on
-the same worker, between batches, so no generation ever mixes two weight versions. Where SGLang would crash on bad
-input (out-of-range token ids, unknown memory tags), the CPU engine answers 400 instead.
+(JSON null); /flush_cache (plain text; with ?timeout= it waits for the engine to be idle and answers 400 if it never
+is); /abort_request (empty body). Concurrent /generate requests are collected for a few milliseconds and run as one
+batch (shared prefill and decode passes over a KV cache). Weight updates run on the same worker, between batches, so
+no generation ever mixes two weight versions. Where SGLang would crash (out-of-range token ids, unknown memory tags,
+a memory release while a request is running or waiting, after which SGLang's whole process exits), the CPU engine
+answers 400 instead.
 """
 
 # No `from __future__ import annotations`: FastAPI resolves the handlers' annotations at run time.
@@ -51,6 +53,10 @@ FLUSHED = (
     "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the "
     "operation will not be performed.)\n"
 )
+# SGLang's other /flush_cache answers (400): busy without a timeout, or not idle within it.
+FLUSH_FAILED = "Flush cache failed.\n"
+FLUSH_TIMED_OUT = "Timed out waiting for idle state."
+NOT_IDLE = "release_memory_occupation should be called only when server is idle."
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,10 @@ class PauseGate:
         self.open = asyncio.Event()
         self.open.set()
 
+    @property
+    def paused(self) -> bool:
+        return not self.open.is_set()
+
     def pause(self, mode: str) -> None:
         self.engine.pause(mode)
         self.open.clear()
@@ -156,13 +166,42 @@ class PauseGate:
 
 class GenerationBatcher(WorkerBatcher):
     """Generation requests batched onto the thread that owns the engine. A request a pause retracted goes back into
-    the queue, with its output so far, once generation continues; its caller gets one answer for all of it."""
+    the queue, with its output so far, once generation continues; its caller gets one answer for all of it. It knows
+    the requests not yet answered (running, queued or held by a pause): SGLang's idleness."""
 
     def __init__(self, engine, config: EngineServerConfig, gate: PauseGate):
         super().__init__(config.max_batch_size, config.max_wait_ms / 1000.0, "engine")
         self.engine = engine
         self.gate = gate
         self._continuations: set[asyncio.Task] = set()
+        self._unanswered: dict[int, str] = {}  # id of a submitted request -> its rid
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def submit(self, item):
+        key = id(item)
+        self._unanswered[key] = item.rid
+        self._idle.clear()
+        try:
+            return await super().submit(item)
+        finally:
+            del self._unanswered[key]
+            if not self._unanswered:
+                self._idle.set()
+
+    def idle(self, ignore_waiting: bool = False) -> bool:
+        """SGLang's is_fully_idle: no request running or waiting; `ignore_waiting`: those a pause holds do not count."""
+        held = len(self._continuations) if ignore_waiting else 0
+        return len(self._unanswered) <= held
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    def abort_all(self) -> None:
+        """SGLang's abort_all: the running requests, and those waiting, end with an abort."""
+        for rid in list(self._unanswered.values()):
+            self.engine.abort(rid)
+        self.engine.abort(None)
 
     async def process(self, batch) -> None:
         try:
@@ -229,8 +268,9 @@ def failure(err: Exception) -> dict:
 
 
 def create_app(engine, config: EngineServerConfig):
-    from fastapi import FastAPI, Request, Response
-    from fastapi.responses import JSONResponse, PlainTextResponse
+    from fastapi import FastAPI, Query, Request, Response
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
 
     from slime_search.engines.cpu_engine import EngineNotReady
 
@@ -254,6 +294,14 @@ def create_app(engine, config: EngineServerConfig):
     @app.exception_handler(EngineNotReady)
     async def not_ready(request: Request, err: EngineNotReady):
         return JSONResponse({"error": {"message": str(err)}}, status_code=503)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_parameter(request: Request, err: RequestValidationError):
+        # SGLang's answer to a parameter FastAPI refuses (a negative /flush_cache timeout): 400, not FastAPI's 422
+        errors = str(err.errors())
+        message = f"{err} {errors}" if errors and errors != str(err) else str(err)
+        body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
+        return JSONResponse(body, status_code=400)
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, err: BadRequest):
@@ -348,7 +396,10 @@ def create_app(engine, config: EngineServerConfig):
 
     @app.post("/release_memory_occupation")
     async def release_memory(request: Request):
-        await batcher.run_in_worker(engine.release_memory, memory_tags(await read_json(request)))
+        tags = memory_tags(await read_json(request))
+        if not batcher.idle(ignore_waiting=gate.paused):
+            raise BadRequest(NOT_IDLE)
+        await batcher.run_in_worker(engine.release_memory, tags)
         return JSONResponse(None)
 
     @app.post("/resume_memory_occupation")
@@ -356,10 +407,21 @@ def create_app(engine, config: EngineServerConfig):
         await batcher.run_in_worker(engine.resume_memory, memory_tags(await read_json(request)))
         return JSONResponse(None)
 
-    @app.post("/flush_cache")
-    async def flush_cache():
-        # The KV cache lives only for the duration of a batch, so there is no cross-request cache to drop.
-        return PlainTextResponse(FLUSHED)
+    one_flush_at_a_time = asyncio.Lock()  # SGLang queues concurrent flushes, each answered in turn
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache(timeout: float = Query(0.0, ge=0.0)):
+        # The KV cache lives only for the duration of a batch, so there is no cross-request cache to drop; what is
+        # SGLang's is when a flush may happen (idle only) and how long one waits for it (`timeout` seconds).
+        async with one_flush_at_a_time:
+            if timeout <= 0 or batcher.idle():
+                flushed = batcher.idle(ignore_waiting=gate.paused)
+                return Response(FLUSHED if flushed else FLUSH_FAILED, status_code=200 if flushed else 400)
+            try:
+                await asyncio.wait_for(batcher.wait_idle(), timeout)
+            except TimeoutError:
+                return Response(FLUSH_TIMED_OUT, status_code=400)
+            return Response(FLUSHED)
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
@@ -368,7 +430,10 @@ def create_app(engine, config: EngineServerConfig):
         abort_all = body.get("abort_all", False)
         if (rid is not None and not isinstance(rid, str)) or not isinstance(abort_all, bool):
             raise BadRequest("'rid' must be a string and 'abort_all' a boolean")
-        engine.abort(None if abort_all else rid or None)
+        if abort_all:
+            batcher.abort_all()
+        elif rid:
+            engine.abort(rid)
         return Response(status_code=200)
 
     add_tensor_update_route(app, engine, batcher, session, read_json)

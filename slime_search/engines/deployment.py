@@ -160,6 +160,17 @@ def start_cpu_engines(config: EngineConfig, log_dir: Path) -> Engines:
     return Engines(urls[0], urls, slots, health_timeout_s=config.health_timeout_s)
 
 
+def sglang_environment(config: EngineConfig, gpu_ids: list[str] | None) -> tuple[dict[str, str], tuple[str, ...]]:
+    """What the SGLang engines' environment gets and loses: their GPUs when given (colocated: the actor's), and with
+    the memory saver what it needs (sglang_launch.MEMORY_SAVER_ENV, MEMORY_SAVER_UNSET_ENV)."""
+    from slime_search.engines import sglang_launch
+
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids))} if gpu_ids else {}
+    if not config.memory_saver:
+        return env, ()
+    return {**env, **sglang_launch.MEMORY_SAVER_ENV}, sglang_launch.MEMORY_SAVER_UNSET_ENV
+
+
 def start_sglang_engines(config: EngineConfig, gpu_ids: list[str] | None) -> Engines:
     from slime_search.engines import sglang_launch
     from slime_search.utils.net import free_port
@@ -170,11 +181,11 @@ def start_sglang_engines(config: EngineConfig, gpu_ids: list[str] | None) -> Eng
         config.gpus_per_engine,
         first_port=free_port(),
         mem_fraction_static=config.mem_fraction_static,
-        extra_args=("--enable-memory-saver",) if config.memory_saver else (),
+        extra_args=sglang_launch.MEMORY_SAVER_ARGS if config.memory_saver else (),
         seed=config.seed,
     )
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids))} if gpu_ids else None
-    deployment = sglang_launch.launch(specs, "127.0.0.1", config.router_port, env=env)
+    env, unset_env = sglang_environment(config, gpu_ids)
+    deployment = sglang_launch.launch(specs, "127.0.0.1", config.router_port, env=env, unset_env=unset_env)
     slots = {
         spec.url: EngineSlot(spec.url, lambda i=i: deployment.start_engine(i), process)
         for i, (spec, process) in enumerate(zip(specs, deployment.engines, strict=True))

@@ -21,6 +21,17 @@ from slime_search.utils.server_process import ServerProcess
 
 logger = logging.getLogger(__name__)
 
+# Engines that hand their memory to a colocated trainer (SGLang's memory saver), as SGLang 0.5.23 needs them:
+# - CUDA graphs are captured into memory the saver can release only with SGLANG_MEMORY_SAVER_CUDA_GRAPH=1
+#   (runner_backend/full_cuda_graph_backend.py); without it the "cuda_graph" tag releases nothing and the graphs stay
+#   on the GPU through training;
+# - with it, the breakable prefill graph (the default on CUDA) refuses the saver (NotImplementedError in
+#   breakable_cuda_graph_backend.py), so prefill runs without a graph; decode keeps its full graph;
+# - the saver's allocator does not take PyTorch's expandable segments, so the allocator settings are not passed on.
+MEMORY_SAVER_ARGS = ("--enable-memory-saver", "--cuda-graph-backend-prefill", "disabled")
+MEMORY_SAVER_ENV = {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}
+MEMORY_SAVER_UNSET_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
 
 @dataclass(frozen=True)
 class SGLangEngineSpec:
@@ -156,6 +167,7 @@ def engine_process(
     env: dict[str, str] | None = None,
     python: str | None = None,
     log_path=None,
+    unset_env: tuple[str, ...] = (),
 ) -> ServerProcess:
     """One engine on its own address, started and not waited for: `wait_ready()` returns once /health_generate (a
     real one-token generation) answers."""
@@ -168,6 +180,7 @@ def engine_process(
         python=python,
         wait=False,
         log_path=log_path,
+        unset_env=unset_env,
     )
 
 
@@ -198,10 +211,11 @@ class SGLangDeployment:
     env: dict[str, str] | None = None
     python: str | None = None
     timeout_s: float = 900.0
+    unset_env: tuple[str, ...] = ()
 
     def start_engine(self, index: int) -> ServerProcess:
         """Engine `index` started again on its own address (not waited for)."""
-        return engine_process(self.specs[index], self.timeout_s, self.env, self.python)
+        return engine_process(self.specs[index], self.timeout_s, self.env, self.python, unset_env=self.unset_env)
 
     def stop(self) -> None:
         self.router.stop()
@@ -224,15 +238,16 @@ def launch(
     timeout_s: float = 900.0,
     env: dict[str, str] | None = None,
     python: str | None = None,
+    unset_env: tuple[str, ...] = (),
 ) -> SGLangDeployment:
     """Start every engine, wait until all answer /health_generate, start the router (on a free port when `router_port`
     is 0) and register the engines with it. Every process gets `env` added to its environment and runs under `python`
-    (this interpreter by default)."""
+    (this interpreter by default); the engines' environment lacks the variables of `unset_env`."""
     check_installed(python)
     engines: list[ServerProcess] = []
     try:
         for spec in specs:
-            engines.append(engine_process(spec, timeout_s, env, python))
+            engines.append(engine_process(spec, timeout_s, env, python, unset_env=unset_env))
         for engine in engines:
             engine.wait_ready()
         router = start_router(router_host, router_port, env, python)
@@ -246,4 +261,4 @@ def launch(
             engine.stop()
         raise
     logger.info("SGLang router at %s with %d engines", router.url, len(specs))
-    return SGLangDeployment(router.url, engines, router, list(specs), env, python, timeout_s)
+    return SGLangDeployment(router.url, engines, router, list(specs), env, python, timeout_s, unset_env)

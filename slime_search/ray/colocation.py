@@ -32,7 +32,8 @@ class Colocation:
     def _engine_tags(self, held: bool) -> list[str]:
         """SGLang's memory tags the engines currently hold (or, with held=False, have given back). CUDA-graph memory
         goes and comes with the KV cache: it is needed for generation only, and it is GBs an engine would otherwise
-        keep through training."""
+        keep through training (SGLang releases it only when the engine was started with
+        SGLANG_MEMORY_SAVER_CUDA_GRAPH=1, which colocated engines are: engines.sglang_launch.MEMORY_SAVER_ENV)."""
         tags = {
             "weights": self.layout.engine_weights,
             "kv_cache": self.layout.engine_kv_cache,
@@ -59,7 +60,8 @@ class Colocation:
             self.layout.engine_weights = self.layout.engine_kv_cache = True
 
     def for_training(self) -> None:
-        """Engines released, actor on its device."""
+        """Engines released (each once it is idle: SGLang exits on a release while a request is running or waiting),
+        actor on its device."""
         if not self.enabled:
             return
         held = self._engine_tags(held=True)

@@ -95,8 +95,10 @@ def split_for_data_parallel(samples: list, dp_size: int) -> list[list]:
 
 
 # SGLang sets NCCL_CUMEM_ENABLE=0 in its engines; the trainer's end of the NCCL weight-update group must use the same
-# memory mode, or the first broadcast between them fails in NCCL's IPC set-up.
-RANK_ENV = {"NCCL_CUMEM_ENABLE": "0"}
+# memory mode, or the first broadcast between them fails in NCCL's IPC set-up. One CUDA connection (hardware queue)
+# per device keeps kernels in launch order, which Megatron's overlap of its tensor-parallel collectives (all-gather,
+# reduce-scatter, all-reduce) with the backward pass's gradient GEMMs relies on (tensor_parallel/layers.py).
+RANK_ENV = {"NCCL_CUMEM_ENABLE": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
 def rank_options(config: TrainGroupConfig) -> dict[str, Any]:
@@ -211,6 +213,16 @@ class TrainRank(WeightSyncRank):
 
         return load_actor(self.actor, root, iteration)
 
+    def checkpoint_parameters(self) -> tuple[int, int, int, int]:
+        """(tensor-parallel rank, parameters held, own share of the global model, bytes per parameter) of the actor."""
+        from megatron.core import parallel_state
+
+        from slime_search.backends.megatron.checkpoint_size import rank_parameters
+
+        model = self.actor.model.module
+        held, own = rank_parameters(model)
+        return parallel_state.get_tensor_model_parallel_rank(), held, own, next(model.parameters()).element_size()
+
     def offload(self) -> int:
         """Give the device memory of the actor (and the KL reference) to colocated engines; returns bytes."""
         return sum(model.offload() for model in (self.actor, self.reference) if model is not None)
@@ -324,6 +336,13 @@ class RayTrainGroup:
     def load(self, root: str, iteration: int | None = None) -> int:
         """Every rank loads the checkpoint of `iteration` (the tracked one by default)."""
         return self.on_all_ranks("load", root, iteration)[0]
+
+    def checkpoint_layout(self):
+        """The actor's CheckpointLayout (what one checkpoint of it holds), from its ranks as built."""
+        from slime_search.backends.megatron.checkpoint_size import layout_of_ranks
+
+        per_rank = self.on_all_ranks("checkpoint_parameters")
+        return layout_of_ranks([(tp, held, own) for tp, held, own, _ in per_rank], per_rank[0][3])
 
     def offload(self) -> int:
         """Every rank gives its device memory to colocated engines; returns the bytes released on rank 0."""

@@ -28,6 +28,14 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def child_environment(
+    base: dict[str, str], env: dict[str, str] | None = None, unset: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """A server's environment: `base` (this process's) with `env` added and the variables of `unset` removed."""
+    merged = {**base, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    return {name: value for name, value in merged.items() if name not in unset}
+
+
 class ServerProcess:
     def __init__(
         self,
@@ -39,10 +47,12 @@ class ServerProcess:
         url: str | None = None,
         python: str | None = None,
         wait: bool = True,
+        unset_env: tuple[str, ...] = (),
     ):
         """`url`: where the server will listen, for programs that do not print READY_PREFIX (SGLang). `python`: the
         interpreter to run `argv` with (this one by default). `wait=False` only starts the process: start several,
-        then `wait_ready()` on each, and they come up together rather than one after another."""
+        then `wait_ready()` on each, and they come up together rather than one after another. `env` is added to this
+        process's environment and `unset_env` taken out of it."""
         # A log file of our own making is removed at stop: a failed start has already quoted its tail.
         self._owns_log = log_path is None
         if log_path is None:
@@ -60,7 +70,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             text=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})},
+            env=child_environment(dict(os.environ), env, unset_env),
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         if wait:

@@ -62,16 +62,19 @@ def _worker(rank, world, port, checkpoint, out_path):
     for sample, lp in zip(samples, plain.compute_log_probs(samples), strict=True):
         sample.old_log_probs = lp
     plain_history = [plain.train_step(samples) for _ in range(3)]
-    colocated_history, released, host_allocated = [], [], []
+    colocated_history, released, host_allocated, grads_zero = [], [], [], []
+    grad_buffers = [buffer.grad_data for buffer in colocated.model.buffers]
     for _ in range(3):  # step, then hand the memory over and take it back, as between a rollout and a step
         colocated_history.append(colocated.train_step(samples))
         released.append(colocated.offload())
         emptied = all(p.untyped_storage().nbytes() == 0 for p in colocated.model.parameters())
+        emptied = emptied and all(g.untyped_storage().nbytes() == 0 for g in grad_buffers)
         state = colocated.optimizer.adam.state
         emptied = emptied and all(s["exp_avg"].untyped_storage().nbytes() == 0 for s in state.values())
         released.append(emptied)
         colocated.onload()
         host_allocated.append(colocated.offloader.allocated_bytes)
+        grads_zero.append(all(bool((g == 0).all()) for g in grad_buffers))  # not copied: they come back as zeros
     same = all(torch.equal(a, b) for a, b in zip(plain.model.parameters(), colocated.model.parameters(), strict=True))
     reference = ReferenceModel(new_model(), config)
     before = reference.compute_log_probs(samples)
@@ -88,6 +91,8 @@ def _worker(rank, world, port, checkpoint, out_path):
                     "same_weights": same,
                     "reference_same": reference_same,
                     "host_allocated": host_allocated,
+                    "grads_zero": grads_zero,
+                    "grad_bytes": sum(g.numel() * g.element_size() for g in grad_buffers),
                     "param_bytes": sum(p.numel() * p.element_size() for p in plain.model.parameters()),
                 },
                 handle,
@@ -106,5 +111,7 @@ def test_training_with_offload_between_steps_equals_training_without(tiny_checkp
     assert all(emptied)
     # weights + the DDP gradient buffer + Adam's two moments: 4x the (local) weights are handed over
     assert min(sizes) >= 4 * result["param_bytes"]
-    # host buffers are allocated at the first hand-over only (the same storages every step)
-    assert result["host_allocated"] == [sizes[0]] * 3
+    # the gradient buffer is freed without a copy (each step zeroes it first) and comes back as zeros; host buffers
+    # for the rest are allocated at the first hand-over only (the same storages every step)
+    assert result["grads_zero"] == [True] * 3 and result["grad_bytes"] >= result["param_bytes"]
+    assert result["host_allocated"] == [sizes[0] - result["grad_bytes"]] * 3

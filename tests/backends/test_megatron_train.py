@@ -1,6 +1,7 @@
 """Megatron actor training steps on CPU: the loss falls on a fixed batch, identically at TP=1 and TP=2."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,9 +25,9 @@ def fixed_batch():
     return samples
 
 
-def _actor_from_hf(rank: int, world: int, port: int, checkpoint: str):
-    """Megatron at TP `world` with the HF checkpoint's weights, its actor, and the fixed batch with its old
-    log-probs: (hf, shape, options, config, actor, samples, old)."""
+def _actor_from_hf(rank: int, world: int, port: int, checkpoint: str, tp: int | None = None):
+    """Megatron at TP `tp` (default `world`; DP world / TP) with the HF checkpoint's weights, its actor, and the fixed
+    batch with its old log-probs: (hf, shape, options, config, actor, samples, old)."""
     from transformers import AutoModelForCausalLM
 
     from megatron_bridge import ModelShape
@@ -36,7 +37,7 @@ def _actor_from_hf(rank: int, world: int, port: int, checkpoint: str):
     from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights
     from slime_search.backends.megatron.optimizer import OptimConfig
 
-    init_megatron(rank, world, tp_size=world, master_port=port)
+    init_megatron(rank, world, tp_size=tp or world, master_port=port)
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     shape, options = ModelShape.from_hf_config(hf.config), ModelOptions.from_hf_config(hf.config)
     model = build_gpt_model(shape, options)
@@ -66,8 +67,6 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
 
     save_dir = out_path + ".ckpt"
     warnings = _megatron_warnings()
-    from pathlib import Path
-
     from slime_search.backends.megatron.checkpoint import partial_dir
 
     if rank == 0:  # a save of iteration 2 cut short earlier left its partial folder
@@ -80,6 +79,8 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
     left_running = [child.name for child in multiprocessing.active_children()]  # no Manager started for the save
     saved = sorted(p.name for p in Path(save_dir).iterdir())
     folder = sorted(p.name for p in (Path(save_dir) / "iter_0000002").iterdir())
+    sizes = {p.name: p.stat().st_size for p in (Path(save_dir) / "iter_0000002").iterdir()}
+    layout = _gathered_layout(actor)
     history += [actor.train_step(samples) for _ in range(2)]
     fresh = build_gpt_model(shape, options)
     resumed = MegatronActor(fresh, config)
@@ -102,6 +103,8 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
                     "trained": trained_log_probs,
                     "saved": saved,
                     "folder": folder,
+                    "sizes": sizes,
+                    "layout": layout,
                     "warnings": warnings,
                     "left_running": left_running,
                 },
@@ -134,6 +137,44 @@ def _megatron_warnings() -> list[str]:
     return seen
 
 
+def _gathered_layout(actor) -> dict:
+    """The actor's CheckpointLayout from every rank's parameter counts, as RayTrainGroup.checkpoint_layout makes it."""
+    import dataclasses
+
+    from megatron.core import parallel_state
+
+    from slime_search.backends.megatron.checkpoint_size import layout_of_ranks, rank_parameters
+
+    model = actor.model.module
+    mine = (parallel_state.get_tensor_model_parallel_rank(), *rank_parameters(model))
+    per_rank = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(per_rank, mine)
+    return dataclasses.asdict(layout_of_ranks(per_rank, next(model.parameters()).element_size()))
+
+
+def _layout(record: dict):
+    from slime_search.backends.megatron.checkpoint_size import CheckpointLayout
+
+    return CheckpointLayout(**{**record, "slice_parameters": tuple(record["slice_parameters"])})
+
+
+def assert_checkpoint_bytes(sizes: dict[str, int], layout, checkpoint) -> None:
+    """The files of a checkpoint weigh what checkpoint_bytes says of the model as built (within 3%: pickling, the
+    metadata), and layout_of_shape predicts that layout from the model's shape alone."""
+    from transformers import AutoConfig
+
+    from megatron_bridge import ModelShape, pad_vocab_size
+    from slime_search.backends.megatron.checkpoint_size import checkpoint_bytes, layout_of_shape
+
+    shape, tp = ModelShape.from_hf_config(AutoConfig.from_pretrained(checkpoint)), len(layout.slice_parameters)
+    assert layout == layout_of_shape(shape, pad_vocab_size(shape.vocab_size, 128, tp), tp, param_bytes=4)
+    assert sum(sizes.values()) == pytest.approx(checkpoint_bytes(layout), rel=0.03)
+    optimizer_files = sorted(name for name in sizes if name.startswith("optimizer"))
+    assert optimizer_files == [f"optimizer_tp{t:02d}.pt" for t in range(tp)]  # one per tensor-parallel slice
+    for t, name in enumerate(optimizer_files):
+        assert sizes[name] == pytest.approx(8 * layout.slice_parameters[t], rel=0.03)  # two fp32 Adam moments
+
+
 def run(tp, checkpoint, tmp_path):
     out = tmp_path / f"tp{tp}.json"
     mp.spawn(_train_worker, args=(tp, free_port(), str(checkpoint), str(out)), nprocs=tp, join=True)
@@ -156,9 +197,11 @@ def test_grpo_steps_lower_the_loss_and_match_across_tp(tiny_checkpoint, tmp_path
     for run_ in (tp1, tp2):
         assert run_["saved"] == ["iter_0000002", "latest_checkpointed_iteration.txt"]
         assert "rollout_state.json" in run_["folder"] and "stale.pt" not in run_["folder"]
-        assert {"optimizer_rank00000.pt", "rng_rank00000.pt", "common.pt"} <= set(run_["folder"])
+        assert {"optimizer_tp00.pt", "rng_rank00000.pt", "common.pt"} <= set(run_["folder"])
         assert not any("Overwriting" in message for message in run_["warnings"])
         assert run_["left_running"] == []  # the save's write results stayed in the process: no Manager left behind
+    for run_ in (tp1, tp2):
+        assert_checkpoint_bytes(run_["sizes"], _layout(run_["layout"]), tiny_checkpoint)
     # resuming from the step-2 checkpoint (model + Adam state) reproduces steps 3 and 4
     for run_ in (tp1, tp2):
         assert [h["loss"] for h in run_["resumed"]] == pytest.approx([h["loss"] for h in run_["history"][2:]], abs=1e-6)
@@ -174,6 +217,94 @@ def test_grpo_steps_lower_the_loss_and_match_across_tp(tiny_checkpoint, tmp_path
     # the actor's log-probs are HF's at T = 1 on the same tokens
     hf = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
     assert_hf_log_probs(hf, tp2["old"])
+
+
+def _to_legacy_layout(actor, folder: Path) -> None:
+    """Rewrite a checkpoint's optimizer state as earlier versions wrote it: every rank its own file."""
+    torch.save(actor.optimizer.state_dict(), folder / f"optimizer_rank{torch.distributed.get_rank():05d}.pt")
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        for path in folder.glob("optimizer_tp*.pt"):
+            path.unlink()
+    torch.distributed.barrier()
+
+
+def _data_parallel_worker(rank: int, world: int, port: int, checkpoint: str, out_path: str) -> None:
+    """TP 1 x DP 2: a step, a checkpoint (and a copy of it in the earlier layout), the next step; then fresh actors
+    resume from each checkpoint and take that next step again."""
+    from megatron.core import parallel_state
+
+    from slime_search.backends.megatron.actor import MegatronActor
+    from slime_search.backends.megatron.checkpoint import iteration_dir, load_actor, save_actor
+    from slime_search.backends.megatron.distributed import shutdown
+    from slime_search.backends.megatron.model import build_gpt_model
+    from slime_search.ray.train_group import split_for_data_parallel
+
+    hf, shape, options, config, actor, samples, old = _actor_from_hf(rank, world, port, checkpoint, tp=1)
+    shard = split_for_data_parallel(samples, world)[parallel_state.get_data_parallel_rank()]
+    actor.train_step(shard)
+    save_dir, legacy_dir = Path(out_path + ".ckpt"), Path(out_path + ".legacy")
+    save_actor(actor, save_dir, iteration=1)
+    save_actor(actor, legacy_dir, iteration=1)
+    _to_legacy_layout(actor, iteration_dir(legacy_dir, 1))
+    folder = iteration_dir(save_dir, 1)
+    sizes = {p.name: p.stat().st_size for p in folder.iterdir()}
+    layout = _gathered_layout(actor)
+    legacy_files = sorted(p.name for p in iteration_dir(legacy_dir, 1).glob("optimizer*"))
+    next_step = actor.train_step(shard)
+    outcome = {"sizes": sizes, "layout": layout, "legacy_files": legacy_files}
+    for name, root in (("resumed", save_dir), ("resumed_legacy", legacy_dir)):
+        resumed = MegatronActor(build_gpt_model(shape, options), config)
+        load_actor(resumed, root)
+        again = resumed.train_step(shard)
+        outcome[name] = {
+            "same_metrics": again == next_step,  # every metric equal, bit for bit
+            "same_weights": all(
+                torch.equal(a, b)
+                for a, b in zip(actor.model.module.parameters(), resumed.model.module.parameters(), strict=True)
+            ),
+        }
+    outcome["at_tp2"] = _resume_error_at_tp2(shape, options, config, save_dir)
+    if rank == 0:
+        with open(out_path, "w") as handle:
+            json.dump(outcome, handle)
+    shutdown()
+
+
+def _resume_error_at_tp2(shape, options, config, save_dir) -> str:
+    """What resuming the TP 1 checkpoint at TP 2 says (the model reshards: a vocabulary padded alike at both sizes;
+    the optimizer state does not)."""
+    import dataclasses
+
+    from megatron.core import parallel_state
+
+    from slime_search.backends.megatron.actor import MegatronActor
+    from slime_search.backends.megatron.checkpoint import load_actor
+    from slime_search.backends.megatron.model import build_gpt_model
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    model = build_gpt_model(shape, dataclasses.replace(options, make_vocab_size_divisible_by=64))
+    try:
+        load_actor(MegatronActor(model, config), save_dir)
+    except (ValueError, FileNotFoundError) as err:
+        return str(err)
+    return "resumed"
+
+
+def test_data_parallel_ranks_write_one_optimizer_file_and_resume_bit_for_bit(tiny_checkpoint, tmp_path):
+    out = tmp_path / "dp2.json"
+    mp.spawn(_data_parallel_worker, args=(2, free_port(), str(tiny_checkpoint), str(out)), nprocs=2, join=True)
+    outcome = json.loads(out.read_text())
+    # the two data-parallel ranks hold the same optimizer state: written once; the RNG states per rank
+    assert {"optimizer_tp00.pt", "rng_rank00000.pt", "rng_rank00001.pt"} <= set(outcome["sizes"])
+    assert_checkpoint_bytes(outcome["sizes"], _layout(outcome["layout"]), tiny_checkpoint)
+    assert outcome["legacy_files"] == ["optimizer_rank00000.pt", "optimizer_rank00001.pt"]
+    # both ranks load the one file (and a checkpoint of the earlier layout its own files): the next step is the same
+    assert outcome["resumed"] == {"same_metrics": True, "same_weights": True}
+    assert outcome["resumed_legacy"] == {"same_metrics": True, "same_weights": True}
+    # the optimizer state of one slice does not fit two: refused, saying which size it was saved at
+    assert "tensor-parallel size 1: resume with --tensor-model-parallel-size 1" in outcome["at_tp2"]
 
 
 def test_rng_state_round_trips():

@@ -1,13 +1,19 @@
-"""`python -m benchmarks.gpu_kit --cpu`: the GPU kit's three parts on the tiny model on CPU, so the kit cannot rot
-before the next GPU machine runs it."""
+"""`python -m benchmarks.gpu_kit --cpu`: the GPU kit's parts on the tiny model on CPU, so the kit cannot rot before
+the next GPU machine runs it; and the plan a GPU runs, within its six minutes."""
 
 import json
+import math
 import subprocess
 import sys
 
 import pytest
+import torch
 
-from benchmarks.gpu_kit import _short_error, plan, run_part, run_plan
+from benchmarks.gpu_kit import PARTS, plan, run_part
+from benchmarks.gpu_kit_ipc import flatten_bucket, unflatten_bucket
+from benchmarks.gpu_kit_report import _short_error, markdown
+from benchmarks.gpu_kit_shared import fingerprint, recipe_on_one_device
+from tests.benchmarks.test_gpu_kit_wheels import SCRIPT, listed_packages, not_carried
 
 
 @pytest.mark.slow
@@ -23,98 +29,150 @@ def test_the_kit_runs_every_part_on_cpu_and_writes_its_tables(tmp_path):
     )
     report = json.loads((out / "gpu_kit.json").read_text())
     parts = {p["part"]: p for p in report["parts"]}
-    assert {name: p["returncode"] for name, p in parts.items()} == dict.fromkeys(
-        ("checks", "step_packed", "step_local", "loop"), 0
-    ), done.stdout[-3000:]
+    assert {name: p["returncode"] for name, p in parts.items()} == {name: 0 for name, _, _ in PARTS}, done.stdout[
+        -3000:
+    ]
     assert done.returncode == 0
 
-    # (a) the actor against HF on the device: every check ran, none failed
+    # checks: the actor against HF on the device, every check ran, none failed
     checks = {r["check"]: r for r in parts["checks"]["records"]}
     assert {"environment", "parity", "log_probs", "train", "gather", "attention"} <= checks.keys()
     assert not [r for r in parts["checks"]["records"] if "error" in r]
     assert checks["parity"]["max_abs_logit_diff"] < 1e-4 and checks["log_probs"]["max_abs_diff_vs_hf"] < 1e-4
-    attention = checks["attention"]  # the packed attention against the local one, fp32
-    assert max(attention[k] for k in ("max_abs_logit_diff", "max_abs_log_prob_diff", "max_abs_grad_diff")) < 1e-5
 
-    # (b) both attentions at the three budgets, from the same weights: the same first step
-    steps = [r for name in ("step_packed", "step_local") for r in parts[name]["records"]]
-    assert [(r["attention_impl"], r["tokens_per_micro_batch"]) for r in steps] == [
-        (impl, budget) for impl in ("packed", "local") for budget in (64, 128, 256)
-    ]
-    assert all(r["step_s"] > 0 and r["tokens_per_s"] > 0 and r["peak_memory_gib"] > 0 for r in steps)
-    packed_first, local_first = steps[0]["first_step"], steps[3]["first_step"]
-    assert packed_first["loss"] == pytest.approx(local_first["loss"], rel=1e-5, abs=1e-7)
-    assert packed_first["grad_norm"] == pytest.approx(local_first["grad_norm"], rel=1e-5)
+    # recipe_step: the recipe's own flags (9,216 tokens, full recompute, KL reference, Megatron's plain optimizer)
+    (recipe,) = parts["recipe_step"]["records"]
+    assert (recipe["max_tokens_per_gpu"], recipe["recompute"], recipe["kl"]) == (
+        9216,
+        "full/uniform/1",
+        "low_var_kl 0.001",
+    )
+    assert (recipe["attention_impl"], recipe["distributed_optimizer"]) == ("packed", False)
+    assert any("--sequence-parallel off" in change for change in recipe["changed_for_one_device"])
+    assert len(recipe["steps"]) == 2 and all(s["step_applied"] == 1.0 for s in recipe["steps"])
+    assert all(s["old_log_probs_s"] > 0 and s["ref_log_probs_s"] > 0 and s["train_step_s"] > 0 for s in recipe["steps"])
+    assert all(math.isfinite(s["loss"]) and "kl_loss" in s for s in recipe["steps"])
 
-    # (c) the loop: each push served, each rollout sampled by the previous push, trainer and engine agree
-    loop = parts["loop"]["records"]
-    assert [r["weight_version"] for r in loop] == ["1", "2", "3"]
-    assert [r["rollout/weight_version"] for r in loop] == [["0"], ["1"], ["2"]]
-    assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-4 for r in loop)
-    assert all(r["time/sync_s"] > 0 for r in loop)
+    # handover: twice, the actor and its reference come back byte for byte, and the next step is applied
+    (handover,) = parts["handover"]["records"]
+    assert len(handover["rounds"]) == 2 and handover["tensors_fingerprinted"]["optimizer"] > 0
+    assert all(all(t["bit_exact"].values()) and t["gib_handed"] > 0 for t in handover["rounds"])
+    assert set(handover["rounds"][0]["bit_exact"]) == {"params", "optimizer", "reference"}
+    assert handover["step_after"]["step_applied"] == 1.0
+
+    # gather: both passes send every parameter once, in several buckets
+    (gather,) = parts["gather"]["records"]
+    assert gather["every_parameter_sent"] and [p["flattened"] for p in gather["passes"]] == [False, True]
+    assert all(p["buckets"] > 2 for p in gather["passes"])
+
+    # ipc: three pushes over shared memory, every bucket read as sent, the consumer's copy equal to the weights
+    summary = parts["ipc"]["records"][-1]
+    assert summary["transport"] == "shared memory (file_system)" and len(summary["pushes"]) == 3
+    assert summary["consumer_weights_equal"] is True
+    assert all(p["buckets"] > 2 and p["buckets_read_wrong"] == [] for p in summary["pushes"])
+
+    # checkpoint: the resumed actor is the saved one, and its second step the continued one's, bit for bit
+    (checkpoint,) = parts["checkpoint"]["records"]
+    assert checkpoint["weights_and_optimizer_equal_after_load"] and checkpoint["second_step_bit_identical"]
+    assert checkpoint["iteration_loaded"] == 1 and checkpoint["checkpoint_bytes"] > checkpoint["converted_bytes"]
+
+    # what the parts imported is carried by scripts/gpu_kit_wheels.sh or already on the GPU machine
+    imported = {name: p["distributions"] for name, p in parts.items()}
+    assert all("megatron-core" in imported[name] for name in ("checks", "recipe_step", "checkpoint"))
+    assert not_carried(imported, listed_packages(SCRIPT.read_text())) == {}
 
     table = (out / "gpu_kit.md").read_text()
-    for heading in ("(a) the actor against Hugging Face", "(b) a train step", "(c) the loop"):
+    for heading in ("## checks", "## recipe_step", "## handover", "## gather", "## ipc", "## checkpoint"):
         assert heading in table
 
 
-def test_the_kit_runs_its_step_and_loop_modules_as_its_parts():
-    modules = {name: argv[0] for name, argv, _ in plan(cpu=True, budgets=None, skip=set())}
-    assert modules == {
-        "checks": "benchmarks.megatron_gpu_checks",
-        "step_packed": "benchmarks.gpu_kit_step",
-        "step_local": "benchmarks.gpu_kit_step",
-        "loop": "benchmarks.gpu_kit_loop",
-    }
-
-
-def test_on_cuda_each_step_budget_has_a_process_of_its_own():
-    """Run one after another in one process, a budget inherited the allocator's layout of the one before: on an H200
-    the local attention at 4,096 tokens ran out of memory after 2,048, and fit alone."""
-    steps = [(name, argv) for name, argv, _ in plan(cpu=False, budgets=None, skip=set()) if name.startswith("step_")]
-    assert [name for name, _ in steps] == [f"step_{i}_{b}" for i in ("packed", "local") for b in (2048, 4096, 8192)]
-    assert all(argv[-2:] == ["--budgets", name.split("_")[2]] for name, argv in steps)
-    limits = sum(limit for _, _, limit in plan(cpu=False, budgets=None, skip=set()))
-    assert limits < 600  # the whole kit fits one ten-minute command
-
-
-def test_an_attention_out_of_memory_at_one_budget_is_not_tried_at_larger_ones():
-    ran = []
-
-    def runner(name, argv, timeout_s):
-        ran.append(name)
-        error = {"error": "out of memory: CUDA out of memory"} if name == "step_local_4096" else {}
-        return {"part": name, "returncode": 0, "records": [error]}
-
-    parts = run_plan(plan(cpu=False, budgets=None, skip={"checks", "loop", "environment"}), runner=runner)
-    assert ran == [
-        "environment",
-        *(f"step_packed_{b}" for b in (2048, 4096, 8192)),
-        "step_local_2048",
-        "step_local_4096",
+def test_on_a_gpu_every_part_has_a_process_of_its_own_within_six_minutes():
+    planned = plan(cpu=False, skip=set())
+    assert [(name, argv[0]) for name, argv, _ in planned] == [
+        ("checks", "benchmarks.megatron_gpu_checks"),
+        ("recipe_step", "benchmarks.gpu_kit_recipe"),
+        ("handover", "benchmarks.gpu_kit_handover"),
+        ("gather", "benchmarks.gpu_kit_gather"),
+        ("ipc", "benchmarks.gpu_kit_ipc"),
+        ("checkpoint", "benchmarks.gpu_kit_checkpoint"),
     ]
-    skipped = parts[-1]
-    assert skipped["part"] == "step_local_8192" and skipped["records"][0]["tokens_per_micro_batch"] == 8192
-    assert skipped["records"][0]["error"].startswith("not run")
+    assert sum(limit for _, _, limit in planned) <= 360  # two runs and two machine starts fit a 15-minute lease
+    assert all(argv[1:] == [] for _, argv, _ in planned)
+    on_cpu = plan(cpu=True, skip=set())
+    assert all(argv[1:] == ["--cpu"] for name, argv, _ in on_cpu if name != "checks")
+    with pytest.raises(SystemExit, match="unknown parts \\['loop'\\]"):
+        plan(cpu=False, skip={"loop"})
+
+
+def test_the_3b_parts_train_what_the_recipe_script_sets_at_tp_1():
+    """Read from `DRY_RUN=1 bash examples/search-r1/run_qwen2.5_3B.sh`, not restated: a change to the recipe is a
+    change to what the kit measures."""
+    recipe = recipe_on_one_device("qwen2.5-3B", cpu=False)
+    assert (recipe.shape.num_layers, recipe.shape.hidden_size, recipe.shape.vocab_size) == (36, 2048, 151936)
+    assert recipe.options.params_dtype == torch.bfloat16 and not recipe.options.sequence_parallel
+    assert (recipe.options.recompute_granularity, recipe.options.recompute_num_layers) == ("full", 1)
+    assert recipe.actor.max_tokens_per_micro_batch == 9216 and not recipe.actor.optim.use_distributed_optimizer
+    assert recipe.with_reference and recipe.actor.loss.kl_coef == 0.001 and recipe.bucket_bytes == 512 * 2**20
+    assert recipe.changed == (
+        "--tensor-model-parallel-size 2 -> 1 (one device)",
+        "--sequence-parallel off (Megatron refuses it at TP 1)",
+    )
+    faithful = recipe_on_one_device("qwen2.5-3B", cpu=False, env={"RECIPE": "search-r1"})
+    assert (faithful.actor.optim.adam_beta2, faithful.actor.loss.reduction) == (0.999, "token_mean")
+    tiny = recipe_on_one_device("tiny-qwen2", cpu=True)
+    assert tiny.shape.hidden_size == 64 and tiny.options.params_dtype == torch.float32
+    assert tiny.changed[-1] == "--bf16 off (bf16 trains on GPU only)"
+
+
+def test_a_fingerprint_tells_every_change_of_bytes_apart(monkeypatch):
+    """Equal bytes give equal fingerprints; a zeroed, swapped, shifted or one-bit-flipped tensor does not, also when the
+    words are read in several chunks."""
+    import benchmarks.gpu_kit_shared as shared
+
+    monkeypatch.setattr(shared, "CHUNK", 7)
+    tensor = torch.randn(10, 5).to(torch.bfloat16)
+    assert fingerprint(tensor) == fingerprint(tensor.clone())
+    flipped = tensor.clone()
+    flipped.view(torch.int16)[3, 2] ^= 1
+    swapped = tensor.clone()
+    swapped[[0, 1]] = tensor[[1, 0]]
+    changed = [torch.zeros_like(tensor), swapped, tensor.roll(1), flipped]
+    assert len({fingerprint(t) for t in [tensor, *changed]}) == 5
+    assert fingerprint(torch.arange(3, dtype=torch.uint8)) != fingerprint(torch.tensor([2, 1, 0], dtype=torch.uint8))
+
+
+def test_a_flattened_bucket_holds_its_tensors_end_to_end_and_gives_them_back():
+    named = [
+        ("a", torch.randn(3, 4)),
+        ("b", torch.arange(6, dtype=torch.int64).reshape(2, 3)),
+        ("c", torch.ones(5).half()),
+    ]
+    flat, metadata = flatten_bucket(named)
+    assert flat.dtype == torch.uint8 and flat.numel() == 3 * 4 * 4 + 6 * 8 + 5 * 2
+    assert [(start, end) for *_, start, end in metadata] == [(0, 48), (48, 96), (96, 106)]
+    back = unflatten_bucket(flat, metadata)
+    assert [name for name, _ in back] == ["a", "b", "c"]
+    assert all(torch.equal(t, u) and t.dtype == u.dtype for (_, t), (_, u) in zip(named, back, strict=True))
 
 
 def test_a_part_that_fails_or_overruns_is_recorded_not_raised():
     missing = run_part("missing", ["benchmarks.no_such_module"], timeout_s=60)
     assert missing["returncode"] == 1 and missing["records"] == []
     assert "No module named benchmarks.no_such_module" in missing["log_tail"]
-    overrun = run_part("overrun", ["benchmarks.gpu_kit_step", "--attention-impl", "packed", "--cpu"], timeout_s=1)
+    assert "import time:" not in missing["log_tail"]  # the import lines are read, not shown
+    overrun = run_part("overrun", ["benchmarks.gpu_kit_recipe", "--cpu"], timeout_s=1)
     assert overrun["returncode"] == "timeout" and overrun["seconds"] < 30
     helped = run_part("help", ["benchmarks.gpu_kit_step", "--help"], timeout_s=60)
     assert helped["returncode"] == 0 and helped["log_tail"] == ""
 
 
 def test_a_kit_run_without_its_checks_still_names_the_device_it_measured(tmp_path):
-    """A rerun of the steps and the loop alone (`--skip checks`) used to print "GPU kit: ?": the device and the
-    software came only from the checks' records. A short environment part takes their place."""
-    names = [name for name, _, _ in plan(cpu=True, budgets=None, skip={"checks", "step"})]
-    assert names == ["environment", "loop"]
+    """A rerun of some parts alone (`--skip checks,...`) used to print "GPU kit: ?": the device and the software came
+    only from the checks' records. A short environment part takes their place."""
+    rest = ",".join(name for name, _, _ in PARTS)
+    assert [name for name, _, _ in plan(cpu=True, skip={"checks", "ipc"})][:2] == ["environment", "recipe_step"]
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_kit", "--cpu", "--skip", "checks,step,loop", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks.gpu_kit", "--cpu", "--skip", rest, "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -127,16 +185,26 @@ def test_a_kit_run_without_its_checks_still_names_the_device_it_measured(tmp_pat
     assert (tmp_path / "gpu_kit.md").read_text().startswith("# GPU kit: cpu\n")
 
 
-def test_an_out_of_memory_cell_keeps_what_was_asked_with_its_unit():
+def test_a_part_that_ran_out_of_memory_is_a_row_of_the_report_with_what_it_asked():
     error = "out of memory: CUDA out of memory. Tried to allocate 584.00 MiB. GPU 0 has a total capacity of 79.19 GiB"
     assert _short_error(error) == "out of memory (584.00 MiB asked)"
-    assert _short_error("not run: a smaller budget ran out of memory") == "not run: a smaller budget ran out of memory"
+    assert _short_error("not run: no CUDA GPU") == "not run: no CUDA GPU"
+    summary = {"model": "qwen2.5-3B", "changed_for_one_device": [], "error": error}
+    peaks = {"peak_allocated_gib": 78.1, "peak_reserved_gib": 78.9, "device_total_gib": 79.19}
+    parts = [
+        {"part": name, "returncode": 0, "seconds": 1.0, "records": [{**summary, **peaks}], "log_tail": ""}
+        for name in ("recipe_step", "handover", "gather")
+    ]
+    table = markdown({"command": "kit", "seconds": 3.0, "environment": {"device": "H100"}, "parts": parts})
+    assert (
+        table.count("**out of memory (584.00 MiB asked)**") == 3 and "78.1 allocated / 78.9 reserved of 79.19" in table
+    )
 
 
 @pytest.mark.slow
 def test_the_recipes_full_recompute_changes_the_steps_memory_not_its_result():
-    """`--recompute` sizes the step as the 3B recipe runs it (full, uniform, one layer): the same first loss and
-    gradient norm as without it, from the same weights."""
+    """`benchmarks.gpu_kit_step --recompute` sizes the step as the 3B recipe runs it (full, uniform, one layer): the
+    same first loss and gradient norm as without it, from the same weights."""
 
     def first_step(*flags):
         done = subprocess.run(

@@ -2,6 +2,7 @@
 its input checks (where SGLang would crash or silently ignore), and refusing a checkpoint of another shape."""
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -145,3 +146,36 @@ def test_a_checkpoint_of_another_shape_is_refused_and_the_weights_stay(server, t
         asyncio.run(update(bigger))
     assert refused.value.status == 400
     assert httpx.get(f"{server.url}/model_info", timeout=30).json()["weight_version"] == "0"
+
+
+def test_a_memory_release_while_a_request_runs_is_refused_and_the_engine_serves_on(server):
+    """SGLang's whole process exits on a release while a request runs or waits; the CPU engine refuses it instead and
+    keeps its memory. An abort naming no request is ignored (SGLang's), abort_all ends the running one and those
+    waiting behind it."""
+    import threading
+
+    results = []
+    sampling = {"max_new_tokens": 3000, "ignore_eos": True}
+    workers = [
+        threading.Thread(target=lambda: results.append(generate(server, input_ids=[7], sampling_params=sampling)))
+        for _ in range(40)  # more than one batch (32): some wait in the queue
+    ]
+    for worker in workers:
+        worker.start()
+    deadline = time.monotonic() + 60
+    while httpx.post(f"{server.url}/flush_cache", timeout=30).status_code != 400:  # refused while busy
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    refused = httpx.post(f"{server.url}/release_memory_occupation", json={"tags": None}, timeout=30)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == "release_memory_occupation should be called only when server is idle."
+    assert engine_state(server)["released_memory"] == []
+    assert httpx.post(f"{server.url}/abort_request", json={}, timeout=30).status_code == 200
+    time.sleep(0.5)
+    assert httpx.post(f"{server.url}/flush_cache", timeout=30).status_code == 400  # still running
+    assert httpx.post(f"{server.url}/abort_request", json={"abort_all": True}, timeout=30).status_code == 200
+    for worker in workers:
+        worker.join(timeout=120)
+    assert len(results) == 40 and all(r["meta_info"]["finish_reason"]["type"] == "abort" for r in results)
+    assert httpx.post(f"{server.url}/flush_cache?timeout=5", timeout=30).text.startswith("Cache flushed.")
+    assert generate(server, input_ids=[7], sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2

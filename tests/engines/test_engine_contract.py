@@ -14,8 +14,15 @@ import httpx
 import pytest
 import torch
 
-from slime_search.engines.client import EngineClient, EngineClientConfig, EngineError, call_engine
-from slime_search.engines.cpu_engine_server import SGLANG_VERSION
+from slime_search.engines.client import (
+    EngineClient,
+    EngineClientConfig,
+    EngineError,
+    IdleWait,
+    call_engine,
+    release_memory_when_idle,
+)
+from slime_search.engines.cpu_engine_server import FLUSHED, SGLANG_VERSION
 from slime_search.engines.weight_wire import serialize_named_tensors
 from slime_search.models.tiny_qwen import TinyQwenConfig, save_tiny_checkpoint
 from slime_search.utils.net import free_port
@@ -243,6 +250,78 @@ def test_abort_ends_a_running_generation_with_an_abort_finish_reason(engine):
     meta = result["out"]["meta_info"]
     assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] < 3000
     assert meta["finish_reason"]["message"] in ("Aborted", "Abort in waiting queue")
+
+
+def start_generation(engine: str, max_new_tokens: int = 3000) -> tuple[threading.Thread, dict]:
+    """A generation on a thread (3000 tokens run far longer than any test here waits); its answer lands in the dict."""
+    result = {}
+    sampling = {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 1.0}
+    worker = threading.Thread(target=lambda: result.update(out=generate(engine, sampling_params=sampling)))
+    worker.start()
+    return worker, result
+
+
+def flush(engine: str, timeout: float | None = None, method: str = "POST") -> httpx.Response:
+    path = "/flush_cache" if timeout is None else f"/flush_cache?timeout={timeout}"
+    return httpx.request(method, f"{engine}{path}", timeout=120)
+
+
+def wait_busy(engine: str, worker: threading.Thread) -> None:
+    """Until the engine has the request (an immediate flush is refused while a request runs or waits)."""
+    deadline = time.monotonic() + 60
+    while flush(engine).status_code != 400:
+        assert worker.is_alive() and time.monotonic() < deadline, "the generation never ran"
+        time.sleep(0.02)
+
+
+def test_flush_cache_refuses_while_busy_and_waits_for_idle_within_its_timeout(engine):
+    """SGLang 0.5.23's /flush_cache: 400 at once while a request runs; with ?timeout= it waits for idleness and
+    answers 400 if it never comes; concurrent flushes are answered in turn."""
+    idle = flush(engine, 5)
+    assert (idle.status_code, idle.text) == (200, FLUSHED) and flush(engine, method="GET").status_code == 200
+    negative = flush(engine, -1)  # the timeout is a non-negative number; SGLang answers 400 where FastAPI says 422
+    assert negative.status_code == 400 and negative.json()["code"] == 400 and "timeout" in negative.json()["message"]
+    worker, result = start_generation(engine)
+    wait_busy(engine, worker)
+    busy = flush(engine)
+    assert (busy.status_code, busy.text) == (400, "Flush cache failed.\n")
+    started = time.monotonic()
+    timed_out = flush(engine, 1)
+    assert (timed_out.status_code, timed_out.text) == (400, "Timed out waiting for idle state.")
+    assert time.monotonic() - started >= 1.0
+    answers = {}
+    first = threading.Thread(target=lambda: answers.update(first=flush(engine, 120)))
+    first.start()
+    time.sleep(0.5)
+    second = threading.Thread(target=lambda: answers.update(second=flush(engine, 120)))
+    second.start()
+    time.sleep(0.5)
+    assert not answers  # both wait: the generation still runs
+    assert asyncio.run(call_engine(engine, "abort")) is None  # abort_all
+    for thread in (first, second, worker):
+        thread.join(timeout=300)
+    assert [(a.status_code, a.text) for a in (answers["first"], answers["second"])] == [(200, FLUSHED)] * 2
+    assert result["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+def test_a_memory_release_during_a_generation_waits_for_it_then_aborts_it_and_the_engine_lives(engine):
+    """SGLang ends its whole process on a release while a request runs: the release waits for idleness, and past
+    its deadline aborts what is left first."""
+    short_wait = IdleWait(deadline_s=2.0, abort_grace_s=120.0, flush_timeout_s=0.5)
+    worker, result = start_generation(engine)
+    wait_busy(engine, worker)
+    asyncio.run(release_memory_when_idle(engine, ["kv_cache"], short_wait))
+    worker.join(timeout=300)
+    assert result["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    asyncio.run(call_engine(engine, "resume_memory", ["kv_cache"]))
+    # a generation that ends within the deadline is waited for, not aborted
+    worker, result = start_generation(engine, max_new_tokens=100)
+    wait_busy(engine, worker)
+    asyncio.run(release_memory_when_idle(engine, ["kv_cache"], IdleWait(deadline_s=120.0, flush_timeout_s=0.5)))
+    worker.join(timeout=60)
+    assert result["out"]["meta_info"]["finish_reason"] == {"type": "length", "length": 100}
+    asyncio.run(call_engine(engine, "resume_memory", ["kv_cache"]))
+    assert generate(engine, sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
 
 
 def test_a_generation_retracted_by_a_pause_goes_on_under_the_pushed_weights_and_names_each_tokens_version(

@@ -62,6 +62,56 @@ def test_engines_are_seeded_from_the_run_seed(monkeypatch):
     assert "--random-seed" not in engine_specs("/ckpt", num_gpus=1, gpus_per_engine=1, first_port=1)[0].command()
 
 
+def test_colocated_engines_get_the_memory_saver_with_cuda_graphs_and_no_allocator_settings(monkeypatch):
+    """Colocated engines release their CUDA graphs too (SGLANG_MEMORY_SAVER_CUDA_GRAPH=1, which the breakable prefill
+    graph refuses: it is disabled), and PyTorch's allocator settings, which the memory saver does not take, are not
+    passed on; engines on GPUs of their own keep SGLang's defaults."""
+    from slime_search.engines import sglang_launch
+    from slime_search.engines.deployment import EngineConfig, start_sglang_engines
+
+    launched = {}
+
+    def launch(specs, *args, **kwargs):
+        launched.update(specs=specs, **kwargs)
+        raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(sglang_launch, "launch", launch)
+    colocated = EngineConfig("/ckpt", num_gpus=2, gpus_per_engine=2, memory_saver=True)
+    with pytest.raises(RuntimeError, match="not started"):
+        start_sglang_engines(colocated, gpu_ids=["0", "1"])
+    command = launched["specs"][0].command()
+    assert "--enable-memory-saver" in command
+    assert command[command.index("--cuda-graph-backend-prefill") + 1] == "disabled"
+    assert launched["env"] == {"CUDA_VISIBLE_DEVICES": "0,1", "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}
+    assert "PYTORCH_CUDA_ALLOC_CONF" in launched["unset_env"] and "PYTORCH_ALLOC_CONF" in launched["unset_env"]
+    with pytest.raises(RuntimeError, match="not started"):
+        start_sglang_engines(EngineConfig("/ckpt", num_gpus=2, gpus_per_engine=2), gpu_ids=None)
+    assert not {"--enable-memory-saver", "--cuda-graph-backend-prefill"} & set(launched["specs"][0].command())
+    assert (launched["env"], launched["unset_env"]) == ({}, ())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_pinned_sglang_parses_the_colocated_engine_flags(tiny_checkpoint):
+    """SGLang 0.5.23's own argument parser (the CPU test environment) takes the memory-saver flags as given."""
+    import os
+    import subprocess
+
+    from slime_search.engines.sglang_launch import MEMORY_SAVER_ARGS
+    from tests import sglang_cpu
+
+    python = sglang_cpu.python()  # skips without the environment
+    script = (
+        "import sys; from sglang.srt.server_args import prepare_server_args; "
+        "a = prepare_server_args(sys.argv[1:]); print(a.enable_memory_saver, a.cuda_graph_backend_prefill)"
+    )
+    argv = [python, "-c", script, "--model-path", str(tiny_checkpoint), "--device", "cpu", *MEMORY_SAVER_ARGS]
+    env = {**os.environ, **sglang_cpu.CPU_ENV}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["True", "disabled"]
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(1200)
 def test_real_sglang_engine_behind_router(tiny_checkpoint):

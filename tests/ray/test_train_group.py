@@ -25,6 +25,7 @@ def run_group(ray_session, checkpoint, tp, dp, steps=3):
         loss = LossConfig(vocab_size=151936, use_tis=True, eps_clip_c=3.0)
         config = ActorConfig(loss=loss, optim=OptimConfig(lr=1e-3), max_tokens_per_micro_batch=24)
         group.load_models(ModelSource(str(checkpoint)), config)
+        layout = group.checkpoint_layout()
         samples = fixed_batch()
         shards = [samples[d::dp] for d in range(dp)]
         for shard, log_probs in zip(shards, group.compute_log_probs(shards), strict=True):
@@ -45,7 +46,7 @@ def run_group(ray_session, checkpoint, tp, dp, steps=3):
         sample.rollout_log_probs = [-5.0] * sample.response_length
         lone = group.train([sample], steps=1)
         assert lone["train/steps_applied"] == 1 and lone["train/loss"] == lone["train/loss"]
-        return history, metrics
+        return history, metrics, layout
     finally:
         group.shutdown()
 
@@ -53,8 +54,8 @@ def run_group(ray_session, checkpoint, tp, dp, steps=3):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_tensor_and_data_parallel_groups_agree(ray_session, tiny_checkpoint):
-    tp2, tp2_rollout = run_group(ray_session, tiny_checkpoint, tp=2, dp=1)
-    dp2, dp2_rollout = run_group(ray_session, tiny_checkpoint, tp=1, dp=2)
+    tp2, tp2_rollout, tp2_layout = run_group(ray_session, tiny_checkpoint, tp=2, dp=1)
+    dp2, dp2_rollout, dp2_layout = run_group(ray_session, tiny_checkpoint, tp=1, dp=2)
     # the loss is normalised by global counts, so DP=2 (half the batch each, DDP-averaged gradients) takes the
     # same steps as one rank (here two TP ranks) holding the whole batch
     assert [h["loss"] for h in dp2] == pytest.approx([h["loss"] for h in tp2], abs=1e-5)
@@ -69,6 +70,13 @@ def test_tensor_and_data_parallel_groups_agree(ray_session, tiny_checkpoint):
     assert [step["tis_weight_mean"] for step in (*tp2, *dp2)] == [1.0] * 6
     assert dp2_rollout["train/tis_weight_mean"] == tp2_rollout["train/tis_weight_mean"] == 1.0
     assert dp2_rollout["train/steps_applied"] == tp2_rollout["train/steps_applied"] == 2
+    # what one checkpoint holds, from the ranks as built: the model once (TP 2 pads the vocabulary to 152,064 rows of
+    # 64), the optimizer state per tensor-parallel slice (DP 2: one slice, the whole model; TP 2: two halves plus the
+    # 5 RMSNorm weights of 64 each slice holds whole)
+    assert tp2_layout.model_parameters == dp2_layout.model_parameters + (152_064 - 151_936) * 64
+    assert dp2_layout.slice_parameters == (dp2_layout.model_parameters,)
+    replicated = 5 * 64
+    assert tp2_layout.slice_parameters == ((tp2_layout.model_parameters - replicated) // 2 + replicated,) * 2
 
 
 def test_ranks_use_the_nccl_memory_mode_of_sglangs_engines():
@@ -77,6 +85,8 @@ def test_ranks_use_the_nccl_memory_mode_of_sglangs_engines():
 
     on_gpu = rank_options(TrainGroupConfig(num_ranks=2, use_gpu=True))
     assert on_gpu["runtime_env"]["env_vars"]["NCCL_CUMEM_ENABLE"] == "0" and on_gpu["num_gpus"] == 1
+    # Megatron's sequence-parallel communication overlap needs kernels in launch order: one connection per device
+    assert on_gpu["runtime_env"]["env_vars"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert rank_options(TrainGroupConfig(num_ranks=2))["num_gpus"] == 0
 
 

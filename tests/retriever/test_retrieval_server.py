@@ -245,3 +245,12 @@ def test_server_refuses_mismatched_corpus(built, tmp_path):
     small.write_text("".join(f'{{"id": "{d["id"]}", "contents": "x"}}\n' for d in docs[:5]))
     with pytest.raises(RuntimeError, match="holds 64 vectors but the corpus has 5"):
         ServerProcess("--index-path", str(root / "idx" / "minilm_Flat.index"), "--corpus-path", str(small))
+
+
+def test_the_query_encoder_uses_the_cores_unless_torch_is_asked_for_by_name():
+    from local_dense_retriever.retrieval_server import encoder_threads
+
+    assert encoder_threads(None, "auto", "onnx", 16) == (1, 16)  # ONNX Runtime: one per core
+    assert encoder_threads(None, "auto", "torch", 16) == (16, 16)  # "auto" without ONNX Runtime installed
+    assert encoder_threads(None, "torch", "torch", 16) == (1, 16)  # the setting measured on shared cores
+    assert encoder_threads(3, "auto", "torch", 16) == (3, 3) and encoder_threads(0, "auto", "onnx", 16) == (0, 0)

@@ -22,7 +22,12 @@ from slime_search.backends.megatron.loss import (
     micro_batch_loss,
     response_logits_and_targets,
 )
-from slime_search.backends.megatron.offload import StorageOffloader, model_tensors, optimizer_tensors
+from slime_search.backends.megatron.offload import (
+    StorageOffloader,
+    gradient_tensors,
+    model_tensors,
+    optimizer_tensors,
+)
 from slime_search.backends.megatron.optimizer import OptimConfig, build_optimizer
 from slime_search.backends.megatron.packing import PackedBatch, pack, split_by_token_budget
 from slime_search.types import TrainSample
@@ -181,8 +186,10 @@ class MegatronActor:
         self.offloader = StorageOffloader()
 
     def offload(self) -> int:
-        """Give back the memory of weights, gradients and optimizer state (--colocate); returns bytes."""
-        return self.offloader.offload(model_tensors(self.model) + optimizer_tensors(self.optimizer))
+        """Give back the memory of weights, gradients and optimizer state (--colocate); returns bytes. The gradients
+        are not copied: train_step zeroes them before it accumulates any."""
+        tensors = model_tensors(self.model) + optimizer_tensors(self.optimizer)
+        return self.offloader.offload(tensors, discard=gradient_tensors(self.model))
 
     def onload(self) -> int:
         return self.offloader.onload()

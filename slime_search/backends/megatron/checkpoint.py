@@ -4,14 +4,19 @@ A checkpoint directory holds `iter_XXXXXXX/` folders and `latest_checkpointed_it
 slime lay them out. torch_dist stores each tensor with its global shape, so a checkpoint saved at one
 tensor-parallel size loads at another. A save writes everything into `iter_XXXXXXX.partial/` (the model first, into
 an empty folder, as Megatron's saver expects), renames it into place, and writes the tracker file last: a crash
-mid-save leaves at most a partial folder, which the next save replaces and no load ever reads.
+mid-save leaves at most a partial folder, which the next save replaces and no load ever reads. Beside the model, an
+actor's checkpoint holds the optimizer state once per tensor-parallel slice (`optimizer_tpNN.pt`) and each rank's
+RNG state (`rng_rankNNNNN.pt`); the size of one is `checkpoint_size.checkpoint_bytes`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -53,13 +58,18 @@ def prune_iterations(root: str | Path, keep: int, protect: tuple[int, ...] = ())
 def rewind_to(root: str | Path, iteration: int, aside: str | Path) -> list[int]:
     """Make `iteration` the tracked checkpoint and move the newer ones into the folder `aside` (a rollback or a stop
     undid them; they are kept, not deleted, so an action taken in error loses nothing); returns the iterations moved.
-    The tracker is replaced first, so a crash in between resumes from `iteration`."""
+    The tracker is replaced first, so a crash in between resumes from `iteration`; called again, it moves what is
+    left (each folder moves whole, in one rename). A folder of `aside` that already holds one of those iterations is
+    refused before anything changes: a set-aside never lands on another."""
     if not iteration_dir(root, iteration).is_dir():
         raise FileNotFoundError(f"no checkpoint of iteration {iteration} in {root}")
+    newer = [it for it in saved_iterations(root) if it > iteration]
+    taken = [it for it in newer if (Path(aside) / iteration_dir(root, it).name).exists()]
+    if taken:
+        raise FileExistsError(f"{aside} holds checkpoints of iterations {taken} already: set them aside elsewhere")
     tmp = Path(root) / (TRACKER + ".tmp")
     tmp.write_text(str(iteration))
     os.replace(tmp, Path(root) / TRACKER)
-    newer = [it for it in saved_iterations(root) if it > iteration]
     if newer:
         Path(aside).mkdir(parents=True, exist_ok=True)
     for it in newer:
@@ -142,7 +152,7 @@ def load_model(model, root: str | Path, iteration: int | None = None) -> int:
     folder = iteration_dir(root, iteration)
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
-    state = dist_checkpointing.load(model.sharded_state_dict(prefix=""), str(folder))
+    state = dist_checkpointing.load(held_request(model.sharded_state_dict(prefix=""), folder), str(folder))
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
@@ -152,7 +162,43 @@ def load_model(model, root: str | Path, iteration: int | None = None) -> int:
     return iteration
 
 
-def _optimizer_name() -> str:
+def held_request(sharded: dict, folder: Path) -> dict:
+    """The entries of a model's sharded state dict to load from the checkpoint in `folder`: all of them, less the
+    `_extra_state` objects the checkpoint does not hold. Such an object is a module's extra state (TransformerEngine's
+    FP8 scaling metadata, empty without FP8): a layer spec may keep one where the spec a checkpoint was written with
+    kept none (TransformerEngine's q/k RMSNorm of Qwen3 against the local spec's, a converter that writes no extra
+    state at all), and the module then starts from its defaults. Any other entry the checkpoint lacks is an error."""
+    from megatron.core.dist_checkpointing.mapping import ShardedBase, ShardedObject
+    from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
+
+    held = load_sharded_metadata(str(folder))  # ShardedTensors by key, ShardedObjects by unique key
+    request, left_out, missing = {}, [], []
+    for name, entry in sharded.items():
+        if not isinstance(entry, ShardedBase):
+            request[name] = entry
+            continue
+        stored = entry.unique_key if isinstance(entry, ShardedObject) else entry.key
+        if stored in held:
+            request[name] = entry
+        elif isinstance(entry, ShardedObject) and entry.key.endswith("_extra_state"):
+            left_out.append(name)
+        else:
+            missing.append(stored)
+    if missing:
+        raise KeyError(f"checkpoint {folder} does not fit the model: it holds no {', '.join(missing[:5])}")
+    if left_out:
+        logger.info("checkpoint %s holds no extra state of %d modules: they start from defaults", folder, len(left_out))
+    return request
+
+
+def optimizer_file(tp_rank: int) -> str:
+    """The optimizer state of tensor-parallel slice `tp_rank`, written once: the data-parallel ranks of a slice hold
+    the same state (Megatron's non-distributed optimizer steps every replica alike on all-reduced gradients)."""
+    return f"optimizer_tp{tp_rank:02d}.pt"
+
+
+def _legacy_optimizer_file() -> str:
+    """Where checkpoints of an earlier layout kept this rank's optimizer state (one file per rank)."""
     import torch.distributed as dist
 
     return f"optimizer_rank{dist.get_rank():05d}.pt"
@@ -191,28 +237,64 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_actor(actor, root: str | Path, iteration: int, extra_files: dict[str, str] | None = None) -> Path:
-    """Collective. Model (torch_dist, reshardable), optimizer state and RNG state (per rank, same parallel layout to
-    resume), and `extra_files` (name -> text, written by rank 0; the run's rollout state) in one iteration folder that
-    appears complete or not at all."""
+    """Collective. Model (torch_dist, reshardable), optimizer state (once per tensor-parallel slice, by its first
+    data-parallel rank: resumes at the same TP size, any DP size) and RNG state (per rank), and `extra_files` (name ->
+    text, written by rank 0; the run's rollout state) in one iteration folder that appears complete or not at all."""
     import torch
+    from megatron.core import parallel_state
 
     folder = _start_save(root, iteration)
     _save_model_files(actor.model.module, folder)
     if hasattr(actor.optimizer, "state_dict"):
-        torch.save(actor.optimizer.state_dict(), folder / _optimizer_name())
+        state = actor.optimizer.state_dict()  # on every rank: references, no copy; refused alike where unsupported
+        if parallel_state.get_data_parallel_rank() == 0:
+            tp = parallel_state.get_tensor_model_parallel_world_size()
+            saved = {"tensor_parallel_size": tp, "optimizer": state}
+            torch.save(saved, folder / optimizer_file(parallel_state.get_tensor_model_parallel_rank()))
     torch.save(rng_state(), folder / _rng_name())
     return _finish_save(root, iteration, extra_files)
+
+
+def _this_device():
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _load_optimizer(optimizer, folder: Path) -> None:
+    """This rank's slice of the optimizer state: its tensor-parallel slice's file (any data-parallel size), else the
+    rank's own file of the earlier layout (the parallel layout it was saved with)."""
+    import torch
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    path = folder / optimizer_file(parallel_state.get_tensor_model_parallel_rank())
+    if path.is_file():
+        saved = torch.load(path, weights_only=False, map_location=_this_device())
+        if saved["tensor_parallel_size"] != tp:
+            raise ValueError(
+                f"the optimizer state in {folder} is of tensor-parallel size {saved['tensor_parallel_size']}: resume "
+                f"with --tensor-model-parallel-size {saved['tensor_parallel_size']} (this run has {tp}), or start a "
+                f"new run from its weights with --load {folder.parent}"
+            )
+        optimizer.load_state_dict(saved["optimizer"])
+        return
+    legacy = folder / _legacy_optimizer_file()
+    if not legacy.is_file():
+        slices = len(list(folder.glob("optimizer_tp*.pt")))
+        raise FileNotFoundError(
+            f"no optimizer state {path.name} in {folder} (it holds {slices} tensor-parallel slices): resume with the "
+            f"--tensor-model-parallel-size it was saved with"
+        )
+    optimizer.load_state_dict(torch.load(legacy, weights_only=False, map_location=_this_device()))
 
 
 def load_actor(actor, root: str | Path, iteration: int | None = None, load_optimizer: bool = True) -> int:
     import torch
 
     iteration = load_model(actor.model.module, root, iteration)
-    path = iteration_dir(root, iteration) / _optimizer_name()
     if load_optimizer and hasattr(actor.optimizer, "load_state_dict"):
-        if not path.is_file():
-            raise FileNotFoundError(f"no optimizer state {path}: resume needs the parallel layout it was saved with")
-        actor.optimizer.load_state_dict(torch.load(path, weights_only=False))
+        _load_optimizer(actor.optimizer, iteration_dir(root, iteration))
     rng = iteration_dir(root, iteration) / _rng_name()
     if load_optimizer and rng.is_file():
         set_rng_state(torch.load(rng, weights_only=False))

@@ -18,8 +18,9 @@ class ModelOptions:
     params_dtype: torch.dtype = torch.float32
     sequence_parallel: bool = False
     # the attention of each layer (--attention-impl): "te" TransformerEngine's layer spec, "local" Megatron's local
-    # spec as it is (its attention scores a packed row whole), "packed" the local spec with PackedAttention;
-    # "auto": TransformerEngine where it is importable and CUDA is present, else "packed"
+    # spec with its own attention (which scores a packed row whole), "packed" the local spec with PackedAttention;
+    # "auto": TransformerEngine where it imports and CUDA is present, else "packed". Both local ones take
+    # sequence parallelism (norms.py)
     attention_impl: str = "auto"
     # Megatron activation recomputation (--recompute-granularity full|selective, --recompute-method,
     # --recompute-num-layers): activations recomputed in the backward pass instead of kept
@@ -44,11 +45,17 @@ ATTENTION_IMPLS = ("auto", "te", "local", "packed")
 
 
 def te_available() -> bool:
+    """Whether TransformerEngine's layer spec can be built here: CUDA is present and Megatron imported
+    TransformerEngine (its TE modules refuse to be built otherwise). Finding the package is not enough: an install
+    whose extension does not load for this torch is found, fails to import, and Megatron then runs without it."""
     if not torch.cuda.is_available():
         return False
-    import importlib.util
+    from slime_search.backends.megatron.imports import import_megatron_core
 
-    return importlib.util.find_spec("transformer_engine") is not None
+    import_megatron_core()
+    from megatron.core.extensions import transformer_engine as megatron_te
+
+    return megatron_te.HAVE_TE
 
 
 def fused_softmax_kernels_available() -> bool:
@@ -105,22 +112,16 @@ def _tp_size() -> int:
 def build_gpt_model(shape: ModelShape, options: ModelOptions):
     """A GPTModel with the shape's architecture (Qwen2 or Qwen3); model-parallel state must already be initialised."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_local_spec,
-        get_gpt_layer_with_transformer_engine_spec,
-    )
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
+    config = transformer_config(shape, options)
     impl = resolve_attention_impl(options.attention_impl)
     if impl == "te":
         spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.qk_norm)
     else:
-        spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
-    if impl == "packed":
-        from slime_search.backends.megatron.packed_attention import PackedAttention
-
-        spec.submodules.self_attention.submodules.core_attention = PackedAttention
+        spec = local_block_spec(config, shape.qk_norm, packed_attention=impl == "packed")
     return GPTModel(
-        config=transformer_config(shape, options),
+        config=config,
         transformer_layer_spec=spec,
         vocab_size=pad_vocab_size(shape.vocab_size, options.make_vocab_size_divisible_by, _tp_size()),
         max_sequence_length=options.max_position_embeddings,
@@ -130,6 +131,29 @@ def build_gpt_model(shape: ModelShape, options: ModelOptions):
         pre_process=True,
         post_process=True,
     )
+
+
+def local_block_spec(config, qk_norm: bool, packed_attention: bool):
+    """Megatron's local spec for every layer, with the RMSNorm of norms.py wherever the spec puts WrappedTorchNorm
+    (which refuses sequence parallelism): the layers' two norms, the q/k norms and the final norm after the last
+    layer (which Megatron would otherwise take from whatever it imported: TENorm, Apex's or WrappedTorchNorm);
+    PackedAttention as the core attention when `packed_attention`."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    from slime_search.backends.megatron.norms import RMSNorm
+
+    layer = get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
+    layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
+    attention = layer.submodules.self_attention.submodules
+    if qk_norm:
+        attention.q_layernorm = attention.k_layernorm = ModuleSpec(module=RMSNorm, params={"sequence_sharded": False})
+    if packed_attention:
+        from slime_search.backends.megatron.packed_attention import PackedAttention
+
+        attention.core_attention = PackedAttention
+    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
 
 
 def resolve_attention_impl(name: str) -> str:

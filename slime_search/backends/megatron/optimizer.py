@@ -2,7 +2,8 @@
 
 Megatron's optimizer wrappers allocate CUDA tensors, so on CPU a torch Adam steps the parameters, reading the
 gradients Megatron DDP accumulated in `param.main_grad`; clipping uses the global gradient norm with every
-tensor-parallel shard counted once and replicated parameters not double-counted.
+tensor-parallel shard counted once and replicated parameters not double-counted. Both follow Megatron's parameter
+groups: biases and other one-dimensional parameters (the norms) get no weight decay (`wd_mult` 0).
 """
 
 from __future__ import annotations
@@ -44,6 +45,20 @@ def learning_rate(step: int, config: OptimConfig) -> float:
     return config.min_lr + (config.lr - config.min_lr) * factor
 
 
+def decays(name: str, param: torch.Tensor) -> bool:
+    """Megatron's rule (optimizer/__init__.py, get_standard_config_overrides): biases and one-dimensional parameters
+    (norm weights) get no weight decay."""
+    return not (param.dim() == 1 or name.endswith(".bias"))
+
+
+def apply_schedule(param_groups: list[dict], lr: float, weight_decay: float) -> None:
+    """This step's learning rate and weight decay into every group, the decay scaled by the group's `wd_mult` as
+    Megatron's own scheduler does (the optimizers are built with one decay for every group)."""
+    for group in param_groups:
+        group["lr"] = lr
+        group["weight_decay"] = weight_decay * group.get("wd_mult", 1.0)
+
+
 def refuse_update(norm: float, skip_above: float | None) -> bool:
     """Whether a step with this gradient norm must not be applied: not finite (a NaN or inf anywhere in the
     gradients), or above the bound the health guard sets for a spike."""
@@ -54,9 +69,14 @@ class CpuAdam:
     def __init__(self, model, config: OptimConfig):
         self.config = config
         self.lr_scale = 1.0  # the health guard's remedy after a rollback (lr halved), set by the driver
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        groups = [
+            {"params": [p for name, p in named if decays(name, p) == decayed], "wd_mult": 1.0 if decayed else 0.0}
+            for decayed in (True, False)
+        ]
         self.adam = torch.optim.AdamW(
-            self.params,
+            groups,
             lr=config.lr,
             betas=(config.adam_beta1, config.adam_beta2),
             eps=config.adam_eps,
@@ -96,8 +116,7 @@ class CpuAdam:
             for p in self.params:
                 if p.grad is not None:
                     p.grad.mul_(scale)
-        for group in self.adam.param_groups:
-            group["lr"] = self.current_lr()
+        apply_schedule(self.adam.param_groups, self.current_lr(), self.config.weight_decay)
         self.adam.step()
         self.iteration += 1
         return True, norm
@@ -161,8 +180,7 @@ class GpuOptimizer:
         if refuse_update(norm, skip_above):
             return False, norm
         self._clip(norm)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.current_lr()
+        apply_schedule(self.optimizer.param_groups, self.current_lr(), self.config.weight_decay)
         applied = self.optimizer.step_with_ready_grads()
         self.iteration += 1
         return bool(applied), norm
