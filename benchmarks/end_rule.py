@@ -7,12 +7,13 @@ Each simulated run is K held-out evaluations of the same n questions plus a pool
 latent difficulty u; a version gets it right when u < its accuracy, so each evaluation's share right has the version's
 accuracy exactly, and `--resample` (the share of u drawn anew from one version to the next) sets how alike nearby
 versions grade the same question. A flat run keeps its accuracy; a falling run loses --falls at one of its last three
-evaluations (the held-out rule, waiting --health-eval-patience 4 evaluations, never rolls those back: the end-of-run
-rule is the guard's only answer to them).
+evaluations (the held-out rule, waiting --health-eval-patience 4 evaluations, one step apart here, never rolls those
+back: the end-of-run rule is the guard's only answer to them).
 
-The real HealthGuard sees every evaluation with its grades (every version has a checkpoint), then decides as the run's
-end does (health.recovery.Recovery.end): end_on_best when the evaluations settle the fall; otherwise, for an
-end_candidate and with a pool to confirm on, end_on_confirmed on the pool's grades of both versions. Printed per
+The real HealthGuard sees every evaluation with its grades (every version has a checkpoint; the last is the final
+version's, as the end rule requires), then decides as the run's end does (health.recovery.Recovery.end): end_on_best
+when the evaluations settle the fall; otherwise, for an end_candidate and with a pool to confirm on, end_on_confirmed
+on the pool's grades of both versions. Printed per
 --health-end-drop and with the confirmation off and on: the share of runs ending on an earlier checkpoint, the share
 that spent a confirmation, and the mean accuracy of the weights the run ends on against its last weights'.
 """

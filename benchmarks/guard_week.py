@@ -232,6 +232,9 @@ class SimEval:
         grades = [float(d < w.served.accuracy() + n) for d, n in zip(w.difficulty, noise, strict=True)]
         return [EvalResult(step, {"eval/score": sum(grades) / QUESTIONS, GRADES: grades}, [], {"time/eval_s": 0.0})]
 
+    def pending_versions(self) -> set[int]:
+        return set()  # evaluated inside the step
+
     def metrics(self) -> dict[str, float]:
         return {}
 

@@ -12,6 +12,7 @@ import argparse
 from slime_search.evaluation.flags import add_evaluation_arguments
 from slime_search.evaluation.subsets import add_eval_subset_arguments
 from slime_search.health.config import add_health_arguments, health_config
+from slime_search.parallel_layout import check_layout, widths_from_flags
 from slime_search.rollout.schedule import ASYNC_MODES, BATCH_ORDERS
 from slime_search.search_r1.config import add_search_r1_arguments
 from slime_search.utils.flag_types import (
@@ -465,12 +466,7 @@ def check_flags(args: argparse.Namespace) -> None:
             f"--global-batch-size {args.global_batch_size} must divide the {samples} samples of a rollout "
             "(--rollout-batch-size x --n-samples-per-prompt)"
         )
-    actor_ranks = args.actor_num_nodes * args.actor_num_gpus_per_node
-    if actor_ranks % args.tensor_model_parallel_size:
-        raise ValueError(
-            f"--tensor-model-parallel-size {args.tensor_model_parallel_size} must divide the actor's {actor_ranks} "
-            "ranks (--actor-num-nodes x --actor-num-gpus-per-node)"
-        )
+    check_layout(args, widths_from_flags(args))
     check_recompute(args)
     check_importance_weights(args)
     health_config(args)  # the guard's bounds that only make sense together
@@ -585,9 +581,12 @@ def steps_per_rollout(args: argparse.Namespace) -> int:
 
 
 def check_model_flags(args: argparse.Namespace, hf_config) -> None:
-    """When ${MODEL_ARGS[@]} is passed, every flag must agree with the HF checkpoint's config.json."""
+    """The layout fits the checkpoint's heads; when ${MODEL_ARGS[@]} is passed, every flag must agree with its
+    config.json."""
     from slime_search.backends.megatron.model_args import check_against_hf_config, model_from_args
+    from slime_search.parallel_layout import widths_from_hf_config
 
+    check_layout(args, widths_from_hf_config(hf_config))
     if args.num_layers is None:
         return
     shape, options = model_from_args(args)

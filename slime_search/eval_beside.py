@@ -13,11 +13,17 @@ evaluated too, and the run waits for it (within the deadline below). A rollback 
 undone version. A run killed while an evaluation is pending loses that one result; the resumed run evaluates the
 versions due after it.
 
+A version waiting for its evaluation, or being evaluated, keeps its checkpoint: --keep-checkpoints does not prune it
+(`pending_versions`) until its result has arrived and the health guard has seen it, so the guard can still roll back
+to, stop on or end on every version it has a grade of, however long evaluations take.
+
 The evaluator never ends or hangs the run. An evaluation that fails (an engine out of memory, the actor dead) or has
 no result within its deadline is dropped with a warning and counted, and the evaluator is replaced by a fresh one (the
 old one is killed: a stuck one never answers). After several failures in a row without a result in between,
 evaluation beside training stops for the rest of the run, which goes on without it. The final wait is bounded by the
-deadline too. `metrics()` goes into every step's record, so a stuck evaluator shows before its deadline.
+deadline too. The deadline (--eval-timeout) is by default sized from the number of questions an evaluation grades
+(evaluation.flags.eval_deadline_s), so that a full evaluation is never dropped for taking its normal time.
+`metrics()` goes into every step's record, so a stuck evaluator shows before its deadline.
 """
 
 from __future__ import annotations
@@ -94,6 +100,11 @@ class EvalBeside:
     def busy(self) -> bool:
         return self.running is not None or self.waiting is not None
 
+    def pending_versions(self) -> set[int]:
+        """The versions whose result is still to come (being evaluated, or waiting to be): their checkpoints stay."""
+        pending = [p for p in (self.running, self.waiting) if p is not None and not p.undone]
+        return {p.version for p in pending}
+
     def metrics(self) -> dict[str, float]:
         """The evaluator's state, for every step's record: an evaluation that runs for long is visible before its
         deadline."""
@@ -138,7 +149,7 @@ class EvalBeside:
             ready, _ = ray.wait([running.ref], timeout=max(0.0, left) if wait else 0)
             if not ready:
                 if time.monotonic() - running.started >= self.timeout_s:
-                    self._failed(running, f"no result after {self.timeout_s:g} s")
+                    self._failed(running, f"no result after {self.timeout_s:g} s (--eval-timeout)")
                 elif not wait:
                     break  # still within its deadline; the next step looks again
                 continue  # with `wait`, ray.wait may return a moment before the deadline

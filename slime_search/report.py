@@ -80,6 +80,7 @@ TABLE_KEYS = (
     "rollout/search_billed_calls",
     "rollout/search_cache_hits",
     "rollout/search_cost_usd",
+    "rollout/search_ledger_calls",
     "rollout/search_empty",
     "rollout/turns_mean",
     "rollout/response_length_mean",
@@ -208,7 +209,8 @@ def checkpoints_section(run_dir: Path) -> str:
     lines = []
     if final.is_file():
         chosen = json.loads(final.read_text())
-        where = chosen["checkpoint"] + (f" (HF: {chosen['hf']})" if chosen.get("hf") else "")
+        where = chosen["checkpoint"] or "never saved"  # a stop before the first checkpoint
+        where += f" (HF: {chosen['hf']})" if chosen.get("hf") else ""
         lines.append(f"The run ended on the weights of step {chosen['step']}, {where}: {chosen['reason']}.")
     aside = RunFolder(run_dir).undone_checkpoints()
     if aside:
@@ -220,20 +222,40 @@ def checkpoints_section(run_dir: Path) -> str:
 
 
 def search_cost_section(records: list[dict[str, Any]]) -> str:
-    """What web search cost over the run (training rollouts and evaluations): billed calls, dollars, cache hits;
-    empty for a run that made no billed call."""
+    """What web search cost over the run (training rollouts and evaluations). Two figures, told apart: the budget
+    ledger's (`*/search_ledger_calls`, the running total a task's spending ledger wrote into the steps' records:
+    every attempt a paid API may have billed, retried, failed, of steps a rollback undid, of evaluations), when the
+    run had one; and the sum of the records kept (the first requester of each answered search, in the steps the run
+    kept), with the cache's answers. Empty for a run that made no billed call."""
     totals = {"billed": 0.0, "usd": 0.0, "hits": 0.0}
+    ledger = {"calls": None, "usd": None}
     for record in records:
         for prefix in ("rollout", "eval"):
             totals["billed"] += float(record.get(f"{prefix}/search_billed_calls", 0.0))
             totals["usd"] += float(record.get(f"{prefix}/search_cost_usd", 0.0))
             totals["hits"] += float(record.get(f"{prefix}/search_cache_hits", 0.0))
-    if not totals["billed"] and not totals["hits"]:
+            for key in ledger:  # a running total: the newest reading is the largest
+                reading = record.get(f"{prefix}/search_ledger_{key}")
+                if reading is not None:
+                    ledger[key] = max(float(reading), ledger[key] or 0.0)
+    if not totals["billed"] and not totals["hits"] and ledger["calls"] is None:
         return ""
-    return (
-        f'<p class="cost">Web search over the run: {totals["billed"]:.0f} billed calls, ${totals["usd"]:.2f}; '
-        f"{totals['hits']:.0f} answers from the cache (not billed). Per step: the table below.</p>"
-    )
+    kept = f"{totals['billed']:.0f} billed calls, ${totals['usd']:.3f}"
+    hits = f"{totals['hits']:.0f} answers from the cache (not billed)"
+    if ledger["calls"] is None:
+        text = (
+            f"Web search over the run, as the step records kept sum it: {kept} (the first requester of each answered "
+            "search; retried attempts, failed searches and steps a rollback undid are not in it: a Serper budget's "
+            f"ledger counts them, --serper-budget-calls); {hits}. Per step: the table below."
+        )
+    else:
+        text = (
+            f"Web search over the run: {ledger['calls']:.0f} billed calls, ${ledger['usd'] or 0.0:.3f}, as the Serper "
+            "budget ledger counts them (every attempt Serper may have billed: retries, failed searches, steps a "
+            "rollback undid and evaluations included; per step: rollout/search_ledger_calls). The step records kept "
+            f"sum to {kept} (the first requester of each answered search, in the steps the run kept); {hits}."
+        )
+    return f'<p class="cost">{html.escape(text)}</p>'
 
 
 def last_eval(records: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -185,7 +185,8 @@ class RunConfig:
     wandb: tuple[bool, str, str | None]  # MetricsSink's use_wandb, project, group
     health: HealthConfig = field(default_factory=HealthConfig)  # the health guard's rules and bounds
     eval_engine: Any = None  # RolloutManagerConfig of the engine that evaluates beside training (--eval-engine)
-    eval_timeout: float = 3600.0  # seconds one evaluation beside training may take (--eval-timeout)
+    # seconds one evaluation may take (--eval-timeout; None: evaluation.flags scales it with the questions)
+    eval_timeout: float | None = None
 
     def eval_due(self, version: int) -> bool:
         if not self.rollout.eval_sets or not self.serves_policy:

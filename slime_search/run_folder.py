@@ -5,14 +5,20 @@ what was recorded after its last complete checkpoint, except the rollbacks and s
 run's course (a rollback's remedy holds while it is recent) and stay in its history.
 
 Nothing the guard does deletes a checkpoint: the checkpoints a rollback or a stop undoes (and their HF copies) are
-moved to checkpoints/undone/NNN-WHY/ (and hf/undone/NNN-WHY/). Only --keep-checkpoints removes checkpoints: the newest
-N of the current timeline (besides those the guard may still go back to) and the newest N of those set aside.
+moved to checkpoints/undone/NNN-WHY/ (and hf/undone/NNN-WHY/). NNN rises with every set and is never used twice, even
+once pruning has removed a set (the last one taken is kept in checkpoints/undone/last_number.txt), so the sets sort by
+when they were made. A set-aside is written down (checkpoints/undone/pending.json, with the guard's event of it) before
+anything moves, and a resumed run finishes one a crash cut short: the tracker, the folders and the records agree.
+Only --keep-checkpoints removes checkpoints: the newest N of the current timeline (besides those the guard may still go
+back to, and the versions whose evaluation is still to come) and the newest N of those set aside.
 RUN/final.json names the checkpoint whose weights the run ended on."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +35,34 @@ from slime_search.utils.records import append_records, keep_records_before, read
 LASTING_ACTIONS = ("rollback", "stop", "resume")  # guard events that survive a resume
 HEALTH_CONFIG = "health_config.json"
 UNDONE = "undone"
+LAST_NUMBER = "last_number.txt"  # in checkpoints/undone/: the number of the newest set-aside folder, never lowered
+PENDING = "pending.json"  # in checkpoints/undone/: a set-aside written down and not yet carried out
 FINAL = "final.json"
 
 ROLLOUT_STATE = "rollout_state.json"
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """A rollback or a stop to the checkpoint of `steps_done`: the newer checkpoints (`moving`) go to
+    checkpoints/undone/`name`."""
+
+    steps_done: int
+    name: str  # NNN-WHY
+    moving: tuple[int, ...]
+
+
+def aside_number(name: str) -> int:
+    """The NNN of a set-aside folder NNN-WHY (0 for a name without one)."""
+    head = name.split("-", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+def write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 class RunFolder:
@@ -140,47 +170,99 @@ class RunFolder:
 
         if keep <= 0:
             return 0
-        sets = sorted(p for p in (self.checkpoints / UNDONE).glob("*") if p.is_dir())
-        aside = [it for folder in sets for it in sorted(folder.glob("iter_*"))]  # oldest first
+        aside = self.undone_checkpoints()  # oldest first
         for folder in aside[: max(0, len(aside) - keep)]:
             shutil.rmtree(folder)
             hf = self.path / "hf" / UNDONE / folder.parent.name / f"step_{int(folder.name.removeprefix('iter_'))}"
             shutil.rmtree(hf, ignore_errors=True)
-        for folder in sets:
-            if not any(folder.iterdir()):
-                folder.rmdir()
+        for root in (self.undone, self.path / "hf" / UNDONE):  # emptied sets go; their numbers are not reused
+            for folder in root.glob("*"):
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
         return max(0, len(aside) - keep)
 
     def checkpoint_steps(self) -> list[int]:
         """The steps done at every complete checkpoint still in the folder."""
         return saved_iterations(self.checkpoints)
 
-    def set_aside(self, steps_done: int, why: str) -> tuple[list[int], Path | None]:
-        """The checkpoint of `steps_done` becomes the one a resume starts from; the newer ones (and their HF copies)
-        move to checkpoints/undone/NNN-WHY/. Returns the steps moved and where they went."""
-        undone = self.checkpoints / UNDONE
-        name = f"{len(list(undone.glob('*'))) + 1:03d}-{why}" if undone.is_dir() else f"001-{why}"
-        moved = rewind_to(self.checkpoints, steps_done, undone / name)
-        for step in moved:
+    @property
+    def undone(self) -> Path:
+        return self.checkpoints / UNDONE
+
+    def plan_set_aside(self, steps_done: int, why: str) -> SetAside:
+        """What making the checkpoint of `steps_done` the one a resume starts from would set aside, and where: a folder
+        whose number is taken now (written before anything moves, so no later set reuses it)."""
+        if steps_done not in self.checkpoint_steps():
+            raise FileNotFoundError(f"no checkpoint of step {steps_done} in {self.checkpoints}")
+        number = self._last_aside_number() + 1
+        self.undone.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.undone / LAST_NUMBER, f"{number}\n")
+        moving = tuple(k for k in self.checkpoint_steps() if k > steps_done)
+        return SetAside(steps_done, f"{number:03d}-{why}", moving)
+
+    def _last_aside_number(self) -> int:
+        counter = self.undone / LAST_NUMBER
+        numbers = [int(counter.read_text()) if counter.is_file() else 0]
+        for root in (self.undone, self.path / "hf" / UNDONE):
+            numbers += [aside_number(folder.name) for folder in root.glob("*") if folder.is_dir()]
+        return max(numbers)
+
+    def carry_out(self, plan: SetAside, event: dict[str, Any] | None = None) -> Path | None:
+        """Set aside as `plan` says. First written down with `event` (the guard's record of the rollback or stop), then
+        the event recorded, then the tracker rewound and the checkpoints and HF copies moved: a crash at any point
+        leaves what `finish_set_aside` completes on resume. Returns the folder the checkpoints went to, if any."""
+        intent = {"steps_done": plan.steps_done, "name": plan.name, "moving": list(plan.moving), "event": event}
+        write_atomically(self.undone / PENDING, json.dumps(intent))
+        self.finish_set_aside()
+        return self.undone / plan.name if plan.moving else None
+
+    def finish_set_aside(self) -> SetAside | None:
+        """Complete the set-aside written down and cut short by a crash, if any (a resumed run calls it first); each
+        part is done only if it was not: the event is recorded once, a checkpoint already moved is not moved again."""
+        pending = self.undone / PENDING
+        if not pending.is_file():
+            return None
+        intent = json.loads(pending.read_text())
+        plan = SetAside(intent["steps_done"], intent["name"], tuple(intent["moving"]))
+        event = intent.get("event")
+        if event is not None and event not in self.events():
+            self.record_events([event])
+        rewind_to(self.checkpoints, plan.steps_done, self.undone / plan.name)
+        for step in plan.moving:
             hf = self.hf_folder(step)
             if hf.is_dir():
-                (self.path / "hf" / UNDONE / name).mkdir(parents=True, exist_ok=True)
-                hf.rename(self.path / "hf" / UNDONE / name / hf.name)
-        return moved, (undone / name if moved else None)
+                (self.path / "hf" / UNDONE / plan.name).mkdir(parents=True, exist_ok=True)
+                hf.rename(self.path / "hf" / UNDONE / plan.name / hf.name)
+        pending.unlink()
+        return plan
+
+    def set_aside(
+        self, steps_done: int, why: str, event: dict[str, Any] | None = None
+    ) -> tuple[list[int], Path | None]:
+        """The checkpoint of `steps_done` becomes the one a resume starts from; the newer ones (and their HF copies)
+        move to checkpoints/undone/NNN-WHY/. Returns the steps moved and where they went."""
+        plan = self.plan_set_aside(steps_done, why)
+        return list(plan.moving), self.carry_out(plan, event)
 
     def undone_checkpoints(self) -> list[Path]:
-        """The checkpoints set aside by rollbacks and stops, oldest first."""
-        return sorted((self.checkpoints / UNDONE).glob("*/iter_*"))
+        """The checkpoints set aside by rollbacks and stops, oldest first (by set, then by step)."""
+        found = [p for p in self.undone.glob("*/iter_*") if p.is_dir()]
+        return sorted(found, key=lambda p: (aside_number(p.parent.name), p.parent.name, p.name))
 
-    def record_final(self, steps_done: int, reason: str, hf: bool) -> dict[str, Any]:
-        """RUN/final.json: the checkpoint whose weights the run ended on, and why (also when it is not the last)."""
-        final = {
-            "step": steps_done,
-            "checkpoint": str(iteration_dir(self.checkpoints, steps_done).relative_to(self.path)),
-            "hf": str(self.hf_folder(steps_done).relative_to(self.path)) if hf else None,
-            "reason": reason,
-        }
-        (self.path / FINAL).write_text(json.dumps(final, indent=1) + "\n")
+    def record_final(self, steps_done: int | None, reason: str, hf: bool, at_step: int | None = None) -> dict[str, Any]:
+        """RUN/final.json: the checkpoint whose weights the run ended on, and why (also when it is not the last). With
+        no checkpoint to end on (`steps_done` None, a stop before the first save) it names the step `at_step` whose
+        weights, never saved, the run ended with."""
+        if steps_done is None:
+            final = {"step": at_step, "checkpoint": None, "hf": None, "reason": f"{reason}; no checkpoint holds them"}
+        else:
+            final = {
+                "step": steps_done,
+                "checkpoint": str(iteration_dir(self.checkpoints, steps_done).relative_to(self.path)),
+                "hf": str(self.hf_folder(steps_done).relative_to(self.path)) if hf else None,
+                "reason": reason,
+            }
+        write_atomically(self.path / FINAL, json.dumps(final, indent=1) + "\n")
         return final
 
     def record_stop(self, argv: list[str], event: dict[str, Any], advice: str) -> None:

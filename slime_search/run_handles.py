@@ -38,7 +38,8 @@ class RunHandles:
     def save(self, steps_done: int) -> None:
         """The actor (model, optimizer, RNG) and the rollout state in one folder renamed into place when complete, the
         tracker file last; with --save-hf an HF folder too, streamed shard by shard. Then --keep-checkpoints prunes, keeping
-        every checkpoint the guard could still go back to (RollbackPolicy.needed)."""
+        every checkpoint the guard could still go back to (RollbackPolicy.needed) and those of the versions whose
+        evaluation is still to come (beside training it can take longer than several save intervals)."""
         import ray
 
         h, config, run = self, self.config, self.run
@@ -54,7 +55,8 @@ class RunHandles:
         if steps_done == 0 and config.colocate and h.transport is not None:  # colocated engines gave their weights up
             h.transport.push("0")
         kept = run.checkpoint_steps()
-        run.prune_checkpoints(config.keep_checkpoints, h.guard.checkpoints_needed(kept))
+        evaluating = h.evaluator.pending_versions() if h.evaluator is not None else set()
+        run.prune_checkpoints(config.keep_checkpoints, h.guard.checkpoints_needed(kept) | evaluating)
 
     def restart_down_engines(self) -> list[str]:
         """After a rollout: engines that died or stopped answering start again, while the actor trains. Colocated
@@ -121,6 +123,7 @@ def start_parts(h: RunHandles, args) -> None:
     what did start when a later one fails)."""
     import ray
 
+    from slime_search.disk_budget import check_disk_budget
     from slime_search.evaluators import BesideEval, InStepEval
     from slime_search.ray.colocation import Colocation
     from slime_search.ray.placement import create_rollout_manager
@@ -132,6 +135,7 @@ def start_parts(h: RunHandles, args) -> None:
         h.manager = create_rollout_manager(config.rollout, args, h.group, colocate=False)
     h.evaluator = BesideEval.start(h, args) if config.eval_engine is not None else InStepEval(h)
     h.group.load_models(config.model, config.actor)
+    check_disk_budget(config, h.group.checkpoint_layout(), h.run)  # refuses a run whose --save disk is too small
     h.colocation = Colocation(config.colocate, h.group, h.manager)
     if config.colocate:  # the engines start on the actor's GPUs once the actor has made room
         h.colocation.for_generation()

@@ -130,6 +130,49 @@ def test_the_3b_run_script_colocated():
     assert (args.actor_num_gpus_per_node, args.sglang_mem_fraction_static) == (8, 0.5)
 
 
+def test_the_3b_run_scripts_search_r1_recipe_is_search_r1s_step(capsys):
+    """RECIPE=search-r1: Search-R1's train_grpo.sh and verl's defaults (examples/search-r1/README.md's table), read
+    back through the parser and run_config, as the trainer builds them."""
+    import os
+    import subprocess
+
+    from tests.conftest import REPO_ROOT
+
+    script = REPO_ROOT / "examples" / "search-r1" / "run_qwen2.5_3B.sh"
+
+    def recipe(**env):
+        done = subprocess.run(
+            ["bash", str(script)], env={**os.environ, "DRY_RUN": "1", **env}, capture_output=True, text=True
+        )
+        return done.returncode, done.stdout.splitlines()[2:], done.stderr
+
+    code, flags, _ = recipe(RECIPE="search-r1")
+    args = parse_args(flags)
+    config = actor_config(args, vocab_size=151936)
+    assert code == 0 and (args.rollout_batch_size, args.n_samples_per_prompt, args.global_batch_size) == (512, 5, 256)
+    assert steps_per_rollout(args) == 10 and args.num_rollout == 1005
+    # verl: int(0.285 x 1005) = 286 warm-up rollouts, 10 optimizer steps each here
+    assert (config.optim.lr_warmup_iters, config.optim.adam_beta2, config.optim.weight_decay) == (2860, 0.999, 0.01)
+    assert (config.loss.entropy_coef, config.loss.eps_clip, config.loss.eps_clip_high) == (0.001, 0.2, 0.2)
+    assert (config.loss.reduction, config.loss.kl_coef, config.loss.kl_loss_type) == ("token_mean", 0.001, "low_var_kl")
+    assert (args.rollout_top_p, args.use_tis) == (0.95, False)
+    assert args.lr_decay_style == "constant" and args.lr == 1e-6
+    # TIS needs the engine to sample the trainer's full distribution: with USE_TIS=1 top_p stays 1 (and parses)
+    _, flags, _ = recipe(RECIPE="search-r1", USE_TIS="1")
+    assert (parse_args(flags).rollout_top_p, parse_args(flags).use_tis) == (1.0, True)
+    # a short validation run warms up over its own 28.5%
+    _, flags, _ = recipe(RECIPE="search-r1", NUM_ROLLOUT="5")
+    assert actor_config(parse_args(flags), vocab_size=151936).optim.lr_warmup_iters == 10
+    # the default recipe is slime's, one step per rollout; an unknown recipe is refused by name
+    _, flags, _ = recipe()
+    slime = parse_args(flags)
+    assert (slime.rollout_batch_size, steps_per_rollout(slime), slime.lr_warmup_iters) == (32, 1, 0)
+    assert slime.eps_clip_high == 0.28
+    assert (slime.rollout_top_p, slime.calculate_per_token_loss, slime.adam_beta2) == (1.0, False, 0.98)
+    code, _, stderr = recipe(RECIPE="search_r1")
+    assert code == 2 and "RECIPE=search_r1: use slime (the default) or search-r1" in stderr
+
+
 def test_run_config_derives_every_component_config_once_and_leaves_the_flags_alone():
     from slime_search.run_config import run_config
 
@@ -275,6 +318,68 @@ def test_engine_gpus_tensor_parallel_and_task_flags_are_usage_errors(capsys):
         capsys, "--custom-rm-path", "slime_search.search_r1.reward.nothing"
     )
     assert parse("--num-rollout", "0").num_rollout == 0  # no training: the final evaluation of the start weights
+
+
+def qwen2_config(heads: int = 16, kv_heads: int = 2, ffn: int = 11008):
+    """Qwen2.5-3B's config.json by default (16 query heads, 2 key/value heads), built offline; other widths given."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=151936, hidden_size=2048, num_hidden_layers=36, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, intermediate_size=ffn, rope_theta=1e6, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, max_position_embeddings=32768,
+    )  # fmt: skip
+
+
+def test_sequence_parallel_without_tensor_parallelism_is_refused(capsys):
+    error = usage_error(capsys, "--sequence-parallel")
+    assert "--sequence-parallel" in error and "--tensor-model-parallel-size 2 or more" in error
+    assert parse("--sequence-parallel", "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2")
+
+
+def test_actor_tensor_parallelism_must_divide_the_3b_models_key_value_heads(capsys):
+    from tests.backends.test_megatron_convert import model_args
+
+    qwen3b = [*model_args("qwen2.5-3B"), "--actor-num-gpus-per-node", "4"]
+    error = usage_error(capsys, *qwen3b, "--tensor-model-parallel-size", "4")
+    assert "--tensor-model-parallel-size 4 must divide the model's 2 key/value heads (the model flags)" in error
+    assert "use one of 1, 2" in error
+    args = parse(*qwen3b, "--tensor-model-parallel-size", "2", "--sequence-parallel")
+    check_model_flags(args, qwen2_config())  # the recipe's layout
+    # without model flags the checkpoint's config.json says the same, before Ray or any engine starts
+    tp4 = parse("--actor-num-gpus-per-node", "4", "--tensor-model-parallel-size", "4")
+    with pytest.raises(ValueError, match="must divide the model's 2 key/value heads \\(config.json\\)"):
+        check_model_flags(tp4, qwen2_config())
+
+
+@pytest.mark.parametrize(
+    ("config", "refused"),
+    [
+        (dict(heads=12, kv_heads=12, ffn=64), "12 attention heads and 12 key/value heads"),
+        (dict(heads=8, kv_heads=8, ffn=36), "36 MLP hidden size"),
+    ],
+)
+def test_actor_tensor_parallelism_must_divide_the_attention_heads_and_the_mlp(config, refused):
+    args = parse("--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "8")
+    with pytest.raises(ValueError, match=f"size 8 must divide the model's {refused} \\(config.json\\)"):
+        check_model_flags(args, qwen2_config(**config))
+    check_model_flags(
+        parse("--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "4"), qwen2_config(**config)
+    )
+
+
+def test_an_engine_tensor_parallel_size_sglang_refuses_is_refused(capsys):
+    from tests.backends.test_megatron_convert import model_args
+
+    qwen3b = model_args("qwen2.5-3B")
+    error = usage_error(capsys, *qwen3b, "--rollout-num-gpus", "6", "--rollout-num-gpus-per-engine", "3")
+    assert "--rollout-num-gpus-per-engine 3 (an SGLang engine's tensor-parallel size)" in error
+    assert "use one of 1, 2" in error
+    parse(*qwen3b, "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "4")  # SGLang replicates the 2 KV heads
+    colocated = ("--colocate", "--actor-num-gpus-per-node", "6", "--rollout-num-gpus-per-engine", "3")
+    assert "--rollout-num-gpus-per-engine 3" in usage_error(capsys, *qwen3b, *colocated)  # on the actor's GPUs
+    with pytest.raises(ValueError, match="--rollout-num-gpus-per-engine 3"):
+        check_model_flags(parse(*colocated), qwen2_config())
 
 
 def test_slime_spellings_are_accepted(capsys):

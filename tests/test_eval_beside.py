@@ -286,3 +286,97 @@ def test_a_late_held_out_drop_rolls_back_to_before_it(tmp_path):
     assert [(r["step"], r["eval/lag_steps"]) for r in records] == [(2, 1), (4, 1), (6, 3), (8, 3)]
     events = [json.loads(line) for line in run.health.read_text().splitlines()]
     assert [(e["action"], e["rule"]) for e in events] == [("watch", "eval_drop"), ("rollback", "eval_drop")]
+
+
+# The 3B recipe's schedule (examples/search-r1/run_qwen2.5_3B.sh): 1,000 steps, saves every 20, evaluations every 25
+RECIPE_FLAGS = ["--hf-checkpoint", "ckpt", "--save", "run", "--prompt-data", "p.parquet", "--num-rollout", "1000",
+                "--rollout-batch-size", "32", "--n-samples-per-prompt", "8", "--save-interval", "20",
+                "--eval-interval", "25", "--keep-checkpoints", "2", "--eval-prompt-data", "nq", "e.parquet"]  # fmt: skip
+
+
+def recipe_config(*extra):
+    from slime_search.arguments import parse_args
+    from slime_search.run_config import run_config
+
+    return run_config(parse_args([*RECIPE_FLAGS, *extra]), vocab_size=100, use_gpu=False)
+
+
+def test_with_the_guard_on_every_evaluated_version_of_the_recipe_is_saved():
+    """Saves fall at 20, 25, 40, 50, 60, 75, 80, 100 of the recipe's first 100 steps: every save step and every
+    evaluated version (the guard can go back to, stop on or end on a version only when it has a checkpoint)."""
+    config = recipe_config()
+    assert [k for k in range(1, 101) if config.save_due(k)] == [20, 25, 40, 50, 60, 75, 80, 100]
+    assert sum(config.save_due(k) for k in range(1, 1001)) == 50 + 40 - 10 and config.save_due(1000)
+    unguarded = recipe_config("--no-health-guard")
+    assert [k for k in range(1, 101) if unguarded.save_due(k)] == [20, 40, 60, 80, 100]
+
+
+class SavingGroup(WritingGroup):
+    """The actor group's saves as well: a checkpoint folder with the rollout state, the tracker written last."""
+
+    def save(self, root: str, steps_done: int, extra_files: dict[str, str]) -> None:
+        folder = Path(root) / f"iter_{steps_done:07d}"
+        folder.mkdir(parents=True)
+        for name, text in extra_files.items():
+            (folder / name).write_text(text)
+        (Path(root) / "latest_checkpointed_iteration.txt").write_text(str(steps_done))
+
+
+class PromptData:
+    """The rollout manager's part of a checkpoint: its data position."""
+
+    def state_dict(self) -> dict:
+        return {"epoch": 0, "offset": 0}
+
+
+class NoHandOver:
+    def for_weight_push(self) -> None: ...
+
+    def for_generation(self) -> None: ...
+
+
+def test_with_evaluations_slower_than_a_save_interval_every_graded_version_still_has_its_checkpoint(
+    ray_session, tmp_path
+):
+    """The recipe's schedule and --keep-checkpoints 2, with evaluations beside training that take 30 or 60 steps
+    each (the seven test sets on one engine take longer than a save interval): the version being evaluated and the
+    one waiting keep their checkpoints, so every version whose grade arrives can still be gone back to, stopped on or
+    ended on. The real guard, evaluator bookkeeping, saves and pruning; the loop is the driver's (train.run_steps)."""
+    from slime_search.backends.megatron.checkpoint import iteration_dir
+    from slime_search.evaluators import BesideEval
+    from slime_search.health.guard import HealthGuard
+    from slime_search.health.recovery import Recovery
+    from slime_search.metrics import MetricsSink
+    from slime_search.run_folder import RunFolder
+    from slime_search.run_handles import RunHandles
+    from tests.health.test_guard import step_record
+
+    ray = ray_session
+    config = recipe_config()
+    score = {v: min(0.45, 0.1 + v / 600) for v in range(0, 1001, 25)}  # rises, then a plateau
+    evaluator, group = held(ray, score), SavingGroup()
+    run = RunFolder(tmp_path / "run")
+    h = RunHandles(config, run, MetricsSink(run.path), group, HealthGuard(config.health))
+    h.manager, h.colocation = ray.remote(PromptData).remote(), NoHandOver()
+    h.evaluator = BesideEval(h, EvalBeside(evaluator, group, run.path, Sync(), examples=0, timeout_s=600))
+    recovery = Recovery(h)
+    started, graded, lost = {}, [], []
+    h.save(0)
+    for step in range(301):
+        group.version = step
+        for result in h.evaluator.results(step):
+            graded.append(result.version)
+            if not iteration_dir(run.checkpoints, result.version).is_dir():
+                lost.append(result.version)
+            assert recovery.record_eval(result, step) is None
+        h.guard.review(step, step_record(step))
+        if config.save_due(step + 1):
+            h.save(step + 1)
+        for version in ray.get(evaluator.started_versions.remote()):
+            started.setdefault(version, step)
+        for version, at in started.items():  # the evaluations take 30 and 60 steps in turn
+            if step - at == (30 if len(graded) % 2 else 60):
+                ray.get(evaluator.release.remote(version))
+    assert len(graded) >= 5 and lost == []
+    assert h.guard.policy.best_evaluated(run.checkpoint_steps()) is not None
+    assert len(run.checkpoint_steps()) <= 2 + 4  # pruning still prunes: 2 kept, the guard's and the evaluations'

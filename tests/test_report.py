@@ -205,7 +205,11 @@ def test_the_web_search_cost_of_the_run_is_summed_over_training_and_evaluation()
         {"step": 1, "eval/search_billed_calls": 50.0, "eval/search_cost_usd": 0.05, "eval/search_cache_hits": 2.0},
     ]
     section = search_cost_section(records)
-    assert "200 billed calls, $0.20" in section and "100 answers from the cache" in section
+    assert (
+        "as the step records kept sum it: 200 billed calls, $0.200" in section
+        and "100 answers from the cache" in section
+    )
+    assert "steps a rollback undid are not in it" in section  # without a budget ledger, what the sum leaves out
     assert search_cost_section([{"step": 0, "rollout/searches_mean": 1.0}]) == ""  # a run on the local retriever
 
 
@@ -289,3 +293,8 @@ def test_the_report_names_the_weights_the_run_ended_on_and_what_was_set_aside(tm
     page = render_report(run.path).read_text()
     assert "The run ended on the weights of step 5, checkpoints/iter_0000005: stopped by the health guard" in page
     assert "Set aside by rollbacks and stops (1): checkpoints/undone/001-stop-at-step-12/iter_0000010." in page
+    # a stop before the first save: the weights it ended on have no checkpoint
+    early = RunFolder(tmp_path / "early")
+    early.record_final(None, "stopped by the health guard (reward_errors at step 0)", hf=False, at_step=0)
+    page = render_report(early.path).read_text()
+    assert "The run ended on the weights of step 0, never saved: stopped by the health guard (reward_errors" in page

@@ -159,3 +159,56 @@ def test_a_watched_held_out_fall_names_the_checkpoint_a_rollback_would_use(tmp_p
     assert "version 4 was the last within it" in watch["message"]
     assert watch["message"].endswith("a rollback now would go back to the checkpoint of step 2")
     assert guard.rollback_target(run.checkpoint_steps(), 4) == 2
+
+
+def save_checkpoint(run, steps_done, keep=2, protect=()):
+    """A checkpoint as a save leaves it (a folder with files, the tracker last), then --keep-checkpoints' pruning."""
+    folder = run.checkpoints / f"iter_{steps_done:07d}"
+    folder.mkdir(parents=True)
+    (folder / "rollout_state.json").write_text("{}")
+    (run.checkpoints / "latest_checkpointed_iteration.txt").write_text(str(steps_done))
+    run.prune_checkpoints(keep, protect)
+
+
+def test_pruning_keeps_the_newest_checkpoints_set_aside_however_many_rollbacks_came_before(tmp_path):
+    """Five rollbacks, each undoing one checkpoint, with --keep-checkpoints 2 pruning at every save: the two kept aside
+    are always the two set aside last (pruning empties and removes older sets; a new set never reuses their number)."""
+    run = RunFolder(tmp_path / "run")
+    for k in (0, 10, 20, 30, 40, 50):
+        save_checkpoint(run, k)
+    undone = []
+    for at, to, redo in ((55, 40, (50, 60, 70)), (75, 60, (70, 80, 90)), (95, 80, (90, 100, 110)),
+                         (115, 100, (110, 120, 130)), (135, 120, (130, 140))):  # fmt: skip
+        moved, where = run.set_aside(to, f"rollback-at-step-{at}")
+        assert moved == [to + 10] and where.name.endswith(f"rollback-at-step-{at}")
+        undone.append(f"{where.name}/iter_{to + 10:07d}")
+        for k in redo:
+            save_checkpoint(run, k)
+        assert [f"{p.parent.name}/{p.name}" for p in run.undone_checkpoints()] == undone[-2:]
+    numbers = [int(name.split("-")[0]) for name in undone]
+    assert numbers == sorted(set(numbers))  # every set its own number, rising with its time
+
+
+def test_a_second_rollback_at_the_same_step_sets_aside_beside_the_first(tmp_path):
+    """The trouble came back step for step: two rollbacks decided at step 555, the second after pruning emptied an
+    older set. Each gets a folder of its own; the first's checkpoint of step 540 and the redone one are both kept."""
+    run = RunFolder(tmp_path / "run")
+    for k in range(0, 220, 20):
+        save_checkpoint(run, k)
+    run.set_aside(180, "rollback-at-step-205")
+    for k in range(200, 420, 20):
+        save_checkpoint(run, k)
+    run.set_aside(380, "rollback-at-step-405")
+    for k in range(400, 560, 20):
+        save_checkpoint(run, k, protect={500} if k >= 520 else ())
+    _, first = run.set_aside(520, "rollback-at-step-555")
+    save_checkpoint(run, 540, protect={500})  # redone; pruning empties the oldest set
+    moved, second = run.set_aside(500, "rollback-at-step-555")
+    assert moved == [520, 540] and second != first and run.latest_checkpoint() == 500
+    assert run.checkpoint_steps()[-1] == 500
+    assert (first / "iter_0000540").is_dir() and (second / "iter_0000540").is_dir()
+    save_checkpoint(run, 520)  # redone again: pruning keeps the two set aside last
+    assert [f"{p.parent.name}/{p.name}" for p in run.undone_checkpoints()] == [
+        f"{second.name}/iter_0000520",
+        f"{second.name}/iter_0000540",
+    ]

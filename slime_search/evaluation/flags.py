@@ -6,6 +6,20 @@ import argparse
 
 from slime_search.utils.flag_types import non_negative_int, positive_float
 
+# The deadline of one evaluation when --eval-timeout is not given: a start (an engine loads the version's weights and
+# warms up) and an allowance per question graded. docs/benchmarks/eval.md measured 104 ms a question on the recipe's
+# two engines (emulated, the client side the bound), about 0.21 s on the one engine of --eval-engine if the engines
+# were; 0.5 s leaves more than 2x over that. The recipe's 3,000 questions get 2,400 s, the seven Search-R1 test sets
+# (51,713 questions, 1,240-5,400 s on two engines) about 26,750 s.
+EVAL_START_S = 900.0
+EVAL_S_PER_QUESTION = 0.5
+
+
+def eval_deadline_s(questions: int, timeout_s: float | None = None) -> float:
+    """How long one evaluation of `questions` questions may take: `timeout_s` (--eval-timeout) when given, else
+    EVAL_START_S plus EVAL_S_PER_QUESTION a question."""
+    return timeout_s if timeout_s is not None else EVAL_START_S + EVAL_S_PER_QUESTION * questions
+
 
 def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("evaluation")
@@ -32,7 +46,10 @@ def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--eval-timeout",
         type=positive_float,
-        default=3600.0,
-        help="with --eval-engine: seconds one evaluation (loading its weights included) may take; a later or failed "
-        "one is dropped and the evaluator restarted (after 3 failures in a row the run goes on without evaluation)",
+        default=None,
+        help="seconds one evaluation (loading its weights included) may take. Default: 900 s plus 0.5 s a question "
+        "graded (the 3B recipe's 3,000: 2,400 s; the seven Search-R1 test sets whole: about 7.4 h). Beside training "
+        "(--eval-engine) a later or failed one is dropped and the evaluator restarted (after 3 failures in a row the "
+        "run goes on without evaluation); inside the step a late one ends the run with an error naming this flag "
+        "(run again, it resumes); a late confirmation of the end on left-out questions ends on the last weights",
     )

@@ -44,7 +44,8 @@ class EvalSubset:
 @dataclass(frozen=True)
 class UngradedQuestions:
     """At most `size` of the questions of each set that the evaluations' subset `graded` leaves out (a fixed-seed
-    draw): fresh questions, on which a comparison the evaluations chose can be checked without their selection."""
+    draw): fresh questions, on which a comparison the evaluations chose can be checked without their selection. A set
+    the subset grades whole (Bamboogle's 125 questions under --eval-sample 500) has none."""
 
     graded: EvalSubset
     size: int

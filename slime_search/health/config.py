@@ -1,7 +1,9 @@
 """The health guard's settings: which faults stop a run, which steps are skipped, and the bounds of every rule.
 
 Every bound is a flag (`--health-*`, `--max-*`); the defaults are the ones measured on the CPU miniature not to fire on
-its healthy runs while catching its collapses (docs/benchmarks/health.md).
+its healthy runs while catching its collapses (docs/benchmarks/health.md), and the reward and held-out drops, shares of
+the run's own best beyond its own noise, by simulation at both the miniature's shape and the 3B recipe's
+(benchmarks.guard_shapes).
 """
 
 from __future__ import annotations
@@ -39,15 +41,18 @@ class HealthConfig:
     max_is_capped_share: float = 0.2  # share of tokens whose importance weight the cap truncates
     length_blowup: float = 2.5  # x the recent median p90 response length
     truncation_rise: float = 0.3  # the share of samples that hit a length budget, above its starting value
-    length_reward_dip: float = 0.05  # length warnings escalate only while the reward's window mean is this far down
+    length_reward_dip: float = 0.05  # length rules speak only with the reward this far below its recent best
     min_positive_shift: float = -0.5  # the log-prob change of rewarded tokens after an update, per token
     patience: int = 4  # 3 rolled back 4 more of 30 runs that recovered unaided (docs/benchmarks/health.md)
     # ---- rollbacks: reward drops, or a warning that persists -------------------------------------------------------
     max_update_kl: float = 1.0  # KL(old || new) per token of one step: beyond it the update broke the policy
-    reward_drop: float = 0.3  # the training reward's window mean below its best by more than this
-    eval_drop: float = 0.2  # a held-out metric below its best by more than this (and beyond chance)
+    # the drops are shares of the run's own best, and must be beyond its noise as well (health.rules.reward and
+    # held_out): one set of defaults for the miniature (EM 0.95) and the 3B recipe (0.42): benchmarks.guard_shapes
+    reward_drop: float = 0.3  # the training reward's window mean below its best by more than this x the best
+    eval_drop: float = 0.1  # a held-out metric below its best by more than this x the best (and beyond chance)
     eval_patience: int = 4  # held-out falls in a row before a rollback (the first keeps its target); health.md: 2
     # rolled back 5 of 14 healthy asynchronous runs that recovered, 4 none of them and still every run that ended low
+    eval_patience_steps: int = 25  # or two falls in a row or more that span this many steps (the recipe's interval)
     end_drop: float = 0.05  # the final held-out metric this far below the best kept checkpoint's: end on that (0: off);
     # the paired test and the confirmation on fresh questions guard against chance (health.md: benchmarks.end_rule)
     end_confirm: int = 500  # questions the evaluations left out on which an unsettled end_drop is confirmed (0: off)
@@ -161,8 +166,9 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-length-reward-dip",
         type=fraction,
         default=0.05,
-        help="a length or truncation warning escalates to a rollback only while the training reward's window mean is "
-        "this far below its best (longer responses alone may be a policy learning to search more)",
+        help="length and truncation warn (and escalate to a rollback) only while the training reward's window mean is "
+        "this far below its best of the last 2 x --health-window steps, and beyond the reward's own noise (longer "
+        "responses alone may be a policy learning to search more)",
     )
     g.add_argument(
         "--health-min-positive-shift",
@@ -188,21 +194,31 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-reward-drop",
         type=positive_float,
         default=0.3,
-        help="roll back when the training reward's window mean falls this far below its best",
+        help="roll back when the training reward's window mean falls below its best by more than this share of the "
+        "best, and by more than the reward's own noise allows",
     )
     g.add_argument(
         "--health-eval-drop",
         type=positive_float,
-        default=0.2,
-        help="a held-out metric (the reward's key) this far below its best, and beyond chance paired per question, "
-        "warns; --health-eval-patience evaluations in a row so far down roll the run back",
+        default=0.1,
+        help="a held-out metric (the reward's key) below its best by more than this share of the best (0.1: 0.095 at "
+        "an EM of 0.95, 0.042 at 0.42), and beyond chance paired per question, is watched; "
+        "--health-eval-patience evaluations in a row so far down roll the run back",
     )
     g.add_argument(
         "--health-eval-patience",
         type=positive_int,
         default=4,
-        help="held-out evaluations in a row that must fall by --health-eval-drop before a rollback: the first keeps "
-        "the checkpoint of the last version within the margin and waits for the next (1: roll back at once)",
+        help="held-out evaluations in a row that must fall by --health-eval-drop before a rollback (or fewer, see "
+        "--health-eval-patience-steps): the first keeps the checkpoint of the last version within the margin and "
+        "waits for the next (1: roll back at once)",
+    )
+    g.add_argument(
+        "--health-eval-patience-steps",
+        type=positive_int,
+        default=25,
+        help="fewer falls in a row than --health-eval-patience, two at least, roll the run back once they span this "
+        "many steps of training: a dip that lasts so long is no passing one, however far apart the run evaluates",
     )
     g.add_argument(
         "--health-end-drop",
@@ -274,6 +290,7 @@ def health_config(args: argparse.Namespace) -> HealthConfig:
         reward_drop=args.health_reward_drop,
         eval_drop=args.health_eval_drop,
         eval_patience=args.health_eval_patience,
+        eval_patience_steps=args.health_eval_patience_steps,
         end_drop=args.health_end_drop,
         end_confirm=args.health_end_confirm,
         confirm_steps=args.health_confirm_steps,

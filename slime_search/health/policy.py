@@ -34,6 +34,14 @@ class Timeline:
     def first_step(self, default: int) -> int:
         return self.history[0]["step"] if self.history else default
 
+    def record_eval(self, version: int, value: float, grades: list[float] | None, high: float | None) -> None:
+        """A held-out evaluation of `version`: its metric, its per-question grades and its interval's upper bound."""
+        self.evals.append((version, value))
+        if grades is not None:
+            self.grades[version] = list(grades)
+        if high is not None:
+            self.eval_highs[version] = high
+
     def forget_from(self, step: int) -> None:
         self.history = [r for r in self.history if r["step"] < step]
         self.troubled = {s for s in self.troubled if s < step}

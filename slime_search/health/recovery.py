@@ -1,8 +1,11 @@
 """What the run does with the health guard's decisions: resume, roll back, push again, stop, end on a checkpoint.
 
 All of them go through one path, `serve_checkpoint(k)`: the actor loads checkpoint k and the engines serve its weights.
-None of them deletes anything: the checkpoints a rollback or a stop undoes are set aside (RunFolder.set_aside) and the
-events name where. RUN/final.json names the weights the run ended on, whatever the transport.
+None of them deletes anything: the checkpoints a rollback or a stop undoes are set aside (RunFolder.carry_out) and the
+events name where; the event is recorded before anything moves, and a resume finishes a set-aside a crash cut short.
+Every stop, whichever rule raised it (a rollback budget spent, unusable rewards, skipped steps, damaged weights, a
+plugin's request), ends the run the same way (`stop`). RUN/final.json names the weights the run ended on, whatever the
+transport, also when the end's confirmation on fresh questions fails.
 
 A stop exits with STOP_EXIT_CODE, not 1: a scheduler that restarts failed jobs can tell the guard's verdict from a
 crash. Run again unchanged, a stopped run would meet the same rule at the same place, so it refuses to start and says
@@ -100,6 +103,11 @@ class Recovery:
         import ray
 
         h = self.h
+        finished = h.run.finish_set_aside()  # a rollback or stop a crash cut short, recorded: done now
+        if finished is not None:
+            logger.warning(
+                "finished setting the checkpoints of steps %s aside (%s)", list(finished.moving), finished.name
+            )
         done = h.run.latest_checkpoint()
         h.guard.rollback_steps, h.guard.rollback_targets = h.run.rollback_steps(), h.run.rollback_targets()
         h.run.record_resume(done or 0, h.guard.rollbacks)
@@ -123,15 +131,13 @@ class Recovery:
 
     # ---- the guard's decisions -------------------------------------------------------------------------------------
     def report(self, events: list[Event]) -> list[Event]:
-        """The guard's events: logged, recorded in RUN/health.jsonl; a stop ends the run here with its message."""
-        for event in events:  # a watch needs nothing from the user: information, not a warning
-            log = logger.info if event.action == "watch" else logger.warning
-            log("health %s (%s): %s", event.action, event.rule, event.message)
-        self.h.run.record_events([event.record(self.h.guard.rollbacks) for event in events])
+        """The guard's events: logged, recorded in RUN/health.jsonl; a stop ends the run here (`stop`)."""
         stop = next((event for event in events if event.action == "stop"), None)
+        others = [event for event in events if event is not stop]
+        log_events(others)
+        self.h.run.record_events([event.record(self.h.guard.rollbacks) for event in others])
         if stop is not None:
-            self.h.run.record_stop(self.argv, stop.record(self.h.guard.rollbacks), advice(stop.rule))
-            raise RunStopped(f"{stop.message} (to go on: {advice(stop.rule)})")
+            self.stop(stop)
         return list(events)
 
     def record_eval(self, result, step: int) -> Event | None:
@@ -189,7 +195,7 @@ class Recovery:
         if target is None:
             self.stop(event, f"no checkpoint at or before step {before} stayed healthy to roll back to", before)
         h.rollouts.stop()
-        moved, aside = h.run.set_aside(target, f"rollback-at-step-{event.step}")
+        plan = h.run.plan_set_aside(target, f"rollback-at-step-{event.step}")
         h.guard.rolled_back(target, event.step)
         schedule = remedied_schedule(h.config.schedule, h.guard.rollbacks)
         self.follow_remedy(target)
@@ -198,10 +204,12 @@ class Recovery:
             message += f", --async-mode {schedule.mode} (max staleness {schedule.staleness})"
         if passed_over:
             message += "; the checkpoint a recent rollback went back to was passed over: the trouble came back from it"
-        if moved:
-            message += f"; the checkpoints of steps {moved} it undid are kept in {aside}"
+        if plan.moving:
+            message += f"; the checkpoints of steps {list(plan.moving)} it undid are kept in {h.run.undone / plan.name}"
         values = {"to_step": float(target), "lr_scale": self.lr_scale, "max_staleness": float(schedule.staleness)}
-        self.report([Event(event.step, "rollback", event.rule, message, {**values, "set_aside": float(len(moved))})])
+        done = Event(event.step, "rollback", event.rule, message, {**values, "set_aside": float(len(plan.moving))})
+        log_events([done])
+        h.run.carry_out(plan, done.record(h.guard.rollbacks))  # recorded first, then moved
         self.restore(target)
         ray.get(h.manager.set_sampling_attempt.remote(h.guard.rollbacks))  # the redone steps draw afresh
         h.rollouts = create_schedule(schedule, h.manager)
@@ -209,24 +217,40 @@ class Recovery:
         h.evaluator.rolled_back(target)
         return target
 
-    def stop(self, event: Event, why: str, before: int) -> None:
-        """The run ends on the best checkpoint from before the trouble (RollbackPolicy.stop_target), the newer ones
-        set aside so that a resume starts there; the stop is reported (RunStopped)."""
+    def stop(self, event: Event, why: str | None = None, before: int | None = None) -> None:
+        """The run ends on the best checkpoint from before the trouble (RollbackPolicy.stop_target; the trouble began
+        after `before`, by default the event's own bound or step), the newer ones set aside so that a resume starts
+        there; the stop is recorded (with RUN/stopped.json and RUN/final.json) and raised (RunStopped)."""
         h = self.h
-        message, values = f"{event.message}; {why}", dict(event.values)
+        message, values = event.message if why is None else f"{event.message}; {why}", dict(event.values)
+        before = int(event.values.get(BEFORE, event.step)) if before is None else before
         ending = h.guard.policy.stop_target(h.run.checkpoint_steps(), before)
+        plan = None
         if ending is not None:
-            h.rollouts.stop()
-            moved, aside = h.run.set_aside(ending, f"stop-at-step-{event.step}")
-            self.serve_checkpoint(ending)
-            h.run.record_final(
-                ending, f"stopped by the health guard ({event.rule} at step {event.step})", h.config.save_hf
-            )
+            if h.rollouts is not None:
+                h.rollouts.stop()
+            plan = h.run.plan_set_aside(ending, f"stop-at-step-{event.step}")
             message += f"; the run ends on the checkpoint of step {ending}"
-            if moved:
-                message += f" (the checkpoints of steps {moved} are kept in {aside})"
+            if plan.moving:
+                message += f" (the checkpoints of steps {list(plan.moving)} are kept in {h.run.undone / plan.name})"
             values["ended_on"] = float(ending)
-        self.report([Event(event.step, "stop", event.rule, message, values)])
+        else:
+            message += (
+                f"; no checkpoint at or before step {before}: the run ends on the unsaved weights of step {event.step}"
+            )
+        stop = Event(event.step, "stop", event.rule, message, values)
+        record = stop.record(h.guard.rollbacks)
+        log_events([stop])
+        h.run.record_stop(self.argv, record, advice(stop.rule))  # the same command again refuses from here on
+        if plan is not None:
+            h.run.carry_out(plan, record)  # recorded first, then moved
+        else:
+            h.run.record_events([record])
+        reason = f"stopped by the health guard ({event.rule} at step {event.step})"
+        h.run.record_final(ending, reason, h.config.save_hf, at_step=event.step)
+        if ending is not None:
+            self.serve_checkpoint(ending)
+        raise RunStopped(f"{stop.message} (to go on: {advice(stop.rule)})")
 
     def follow_remedy(self, step: int) -> None:
         """The learning rate of the rollbacks still recent at `step`: lowered by each, restored as they age out of
@@ -242,13 +266,22 @@ class Recovery:
         """After the final evaluation: a run whose held-out metric declined late ends on its best evaluated
         checkpoint (HealthGuard.end_on_best; a decline the evaluations cannot tell from chance is confirmed on
         questions they left out first, `confirm_on_fresh`); RUN/final.json names the weights the run ended on either
-        way. The later checkpoints stay: the records and a resume with more rollouts continue from the last."""
+        way, and why. A confirmation that fails (an error, no result within its deadline) ends the run on its last
+        weights, and final.json says so. The later checkpoints stay: the records and a resume with more rollouts
+        continue from the last."""
         h = self.h
         checkpoints = h.run.checkpoint_steps()
         event, why_last, served = h.guard.end_on_best(checkpoints), "the last step", False
         candidate = h.guard.end_candidate(checkpoints) if event is None else None
-        if candidate is not None and self.fresh_questions() is not None:
-            event, why_last = self.confirm_on_fresh(candidate[0], steps_done)
+        if candidate is not None:
+            try:
+                event, why_last = self.confirm_on_fresh(candidate[0], steps_done)
+            except Exception as err:  # noqa: BLE001 - the confirmation's fault costs the confirmation, not the end
+                why_last = (
+                    f"the last step: the late fall to the checkpoint of step {candidate[0]} could not be confirmed on "
+                    f"questions the evaluations did not grade ({type(err).__name__}: {err})"
+                )
+                logger.warning("health: %s", why_last)
             served = event is not None  # the confirmation left the checkpoint served
         if event is None:
             h.run.record_final(steps_done, why_last, h.config.save_hf)
@@ -260,39 +293,61 @@ class Recovery:
         self.report([event])
 
     def fresh_questions(self):
-        """The questions of the eval sets the evaluations left out (--eval-sample, --eval-interval-width), at most
-        --health-end-confirm; None when there are none to use."""
+        """(the questions of the eval sets the evaluations left out, at most --health-end-confirm of each set; how many
+        there are over all sets), or None when the evaluations grade every question or nothing is left out."""
         from slime_search.evaluation.subsets import UngradedQuestions
+        from slime_search.rollout.manager import evaluation_sizes
 
-        subset, size = self.h.config.rollout.eval_subset, self.h.config.health.end_confirm
+        rollout = self.h.config.rollout
+        subset, size = rollout.eval_subset, self.h.config.health.end_confirm
         if not size or (subset.size is None and subset.width is None):
             return None
-        return UngradedQuestions(subset, size)
+        questions = UngradedQuestions(subset, size)
+        count = sum(evaluation_sizes(rollout.eval_sets, questions).values())
+        return (questions, count) if count else None
 
     def confirm_on_fresh(self, version: int, steps_done: int) -> tuple[Event | None, str]:
         """The final weights and checkpoint `version` graded on fresh questions, paired: the event to end on the
-        checkpoint if it is better there beyond chance, else None and the final weights served again."""
+        checkpoint if it is better there beyond chance, else None and the final weights served again. Each of the two
+        evaluations has the deadline of one evaluation of that many questions (--eval-timeout)."""
         import ray
+        from ray.exceptions import GetTimeoutError
 
+        from slime_search.evaluation.flags import eval_deadline_s
         from slime_search.rollout.evaluation import GRADES
 
         h = self.h
+        fresh = self.fresh_questions()
+        if fresh is None:  # every question of every set was graded: nothing to confirm on
+            return None, "the last step"
+        questions, count = fresh
+        deadline_s = eval_deadline_s(count, h.config.eval_timeout)
 
         def fresh_grades() -> list[float]:
             h.colocation.for_generation()
-            metrics, _ = ray.get(h.manager.evaluate.remote(0, self.fresh_questions()))
+            try:
+                metrics, _ = ray.get(h.manager.evaluate.remote(0, questions), timeout=deadline_s)
+            except GetTimeoutError:
+                raise TimeoutError(
+                    f"no result within {deadline_s:.0f} s for {count} questions (--eval-timeout)"
+                ) from None
             return metrics[GRADES]
 
         logger.info(
-            "health: the final held-out evaluation fell late and not beyond chance; confirming on questions "
+            "health: the final held-out evaluation fell late and not beyond chance; confirming on %d questions "
             "the evaluations did not grade (the final weights, then the checkpoint of step %d)",
+            count,
             version,
         )
         final = fresh_grades()
         if len(final) < 2:  # the evaluations left (almost) nothing out
             return None, "the last step"
         self.serve_checkpoint(version)
-        best = fresh_grades()
+        try:
+            best = fresh_grades()
+        except BaseException:
+            self.serve_checkpoint(steps_done)  # the final weights again: the run ends on them
+            raise
         event = h.guard.end_on_confirmed(version, best, final)
         if event is not None:
             return event, ""
@@ -302,6 +357,12 @@ class Recovery:
         why += f"(the final weights {on} for the checkpoint of step {version})"
         logger.info("health: %s", why)
         return None, why
+
+
+def log_events(events: list[Event]) -> None:
+    for event in events:  # a watch needs nothing from the user: information, not a warning
+        log = logger.info if event.action == "watch" else logger.warning
+        log("health %s (%s): %s", event.action, event.rule, event.message)
 
 
 def first_rollback(events: list[Event]) -> Event | None:

@@ -80,6 +80,20 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     return read_prompt_file(file)[rows]
 
 
+def count_rows(path: str | Path) -> int:
+    """How many rows `load_rows(path)` returns, without reading a parquet file's rows (its footer holds the count)."""
+    file, rows = split_row_range(str(path))
+    if not Path(file).is_file():
+        raise FileNotFoundError(f"prompt data not found: {file}")
+    if Path(file).suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        total = pq.ParquetFile(file).metadata.num_rows
+    else:
+        total = len(read_prompt_file(file))
+    return len(range(total)[rows])
+
+
 class DataSource:
     def __init__(self, config: DataConfig, rows: list[dict[str, Any]] | None = None):
         self.config = config

@@ -16,6 +16,7 @@ from collections import defaultdict
 from slime_search.evaluation.grading import reward_numbers
 from slime_search.evaluation.intervals import bootstrap_interval
 from slime_search.evaluation.subsets import set_size
+from slime_search.rollout.sample_metrics import ledger_metrics
 from slime_search.types import Sample
 
 INTERVAL_KEYS = ("em",)  # besides the reward key
@@ -55,4 +56,5 @@ def evaluate_samples(samples: list[Sample], reward_key: str = "score") -> dict[s
     if billed or hits:  # web search: billed calls and cache hits of the whole evaluation
         out["eval/search_billed_calls"], out["eval/search_cache_hits"] = float(billed), float(hits)
         out["eval/search_cost_usd"] = float(sum(s.metrics.get("search_cost_usd", 0.0) for s in samples))
+    out.update(ledger_metrics(samples, "eval"))
     return out

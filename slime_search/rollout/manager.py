@@ -22,7 +22,7 @@ from typing import Any
 from slime_search.engines.deployment import EngineConfig
 from slime_search.evaluation.subsets import ROW_KEY, SET_SIZE_KEY, EvalSubset, UngradedQuestions
 from slime_search.plugins import Plugins
-from slime_search.rollout.data_source import DataConfig, DataSource, load_rows
+from slime_search.rollout.data_source import DataConfig, DataSource, count_rows, load_rows
 from slime_search.rollout.rollout import RolloutConfig
 from slime_search.rollout.sample_metrics import mask_stale_tokens, rollout_metrics, sample_record, staleness_metrics
 from slime_search.rollout.stream import ActivityClock, RolloutStream, StreamConfig
@@ -101,13 +101,16 @@ def evaluation_samples(
 ) -> list[Sample]:
     """The subset's rows of every eval set (all by default) once, in file order; the set's NAME fills in a missing
     data_source. Each sample's metadata holds its row in the file (ROW_KEY), which names the question when
-    comparing runs: a prompt is not a question's identity, two questions may share one."""
+    comparing runs: a prompt is not a question's identity, two questions may share one. A set the subset leaves
+    nothing of (the questions left out of a set graded whole) is passed over."""
     samples = []
     for name, path in eval_sets:
         rows = load_rows(path)
+        indices = (subset or EvalSubset()).indices(name, len(rows))
+        if rows and not indices:
+            continue
         chosen = [
-            {**rows[i], data.metadata_key: {**(rows[i].get(data.metadata_key) or {}), ROW_KEY: i}}
-            for i in (subset or EvalSubset()).indices(name, len(rows))
+            {**rows[i], data.metadata_key: {**(rows[i].get(data.metadata_key) or {}), ROW_KEY: i}} for i in indices
         ]
         source = DataSource(replace(data, path=path, shuffle=False), rows=chosen)
         config = RolloutConfig(batch_size=len(source), n_samples_per_prompt=1, reward_key=reward_key)
@@ -119,6 +122,13 @@ def evaluation_samples(
                     sample.metadata[SET_SIZE_KEY] = len(rows)
                 samples.append(sample)
     return samples
+
+
+def evaluation_sizes(
+    eval_sets: tuple[tuple[str, str], ...], subset: EvalSubset | UngradedQuestions | None = None
+) -> dict[str, int]:
+    """How many questions of each eval set `evaluation_samples` grades with `subset` (every one by default)."""
+    return {name: len((subset or EvalSubset()).indices(name, count_rows(path))) for name, path in eval_sets}
 
 
 def train_batch(groups: list[list[Sample]], config: RolloutConfig, metrics: dict[str, float], examples: int):
@@ -276,8 +286,11 @@ class RolloutManager:
 
     # ---- engines and state -------------------------------------------------------------------------------------
     def release_memory(self, tags: list[str] | None = None) -> None:
-        """Every engine gives back the memory of `tags` to a colocated trainer (all of it by default)."""
-        self._on_every_engine("release_memory", tags)
+        """Every engine gives back the memory of `tags` to a colocated trainer (all of it by default), each once it is
+        idle: SGLang's whole process exits on a release while a request is running or waiting."""
+        from slime_search.engines.client import on_every_engine, release_memory_when_idle
+
+        asyncio.run(on_every_engine(self.engines.worker_urls, lambda url: release_memory_when_idle(url, tags)))
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
         self._on_every_engine("resume_memory", tags)

@@ -26,15 +26,18 @@ class ProgressLines:
         return f"{self.desc}: {done}/{total} samples, {now - self.start:.0f} s"
 
 
-def wait_with_progress(manager, ref, desc: str):
+def wait_with_progress(manager, ref, desc: str, deadline_s: float | None = None):
     """Wait for a RolloutManager call, drawing a progress bar over its samples on a terminal, else logging a progress
-    line every PROGRESS_LINE_EVERY_S seconds."""
+    line every PROGRESS_LINE_EVERY_S seconds; TimeoutError when it has no result within `deadline_s` (None: no
+    deadline)."""
     import ray
     from tqdm import tqdm
 
     with tqdm(desc=desc, unit="sample", disable=None, leave=False) as bar:
         lines = ProgressLines(desc, time.monotonic())
         while True:
+            if deadline_s is not None and time.monotonic() - lines.start > deadline_s:
+                raise TimeoutError(f"{desc}: no result within {deadline_s:g} s")
             ready, _ = ray.wait([ref], timeout=0.5)
             done, total = ray.get(manager.progress.remote())
             bar.n, bar.total = done, total

@@ -63,6 +63,7 @@ def rollout_metrics(samples: list[Sample], single_version: bool = True) -> dict[
         out["rollout/search_cache_hits"] = float(hits)
         out["rollout/search_cache_hit_rate"] = hits / (billed + hits)
         out["rollout/search_cost_usd"] = float(sum(s.metrics.get("search_cost_usd", 0.0) for s in samples))
+    out.update(ledger_metrics(samples, "rollout"))
     if per_search:
         out["rollout/search_latency_p50_s"] = percentile(per_search, 0.5)
         out["rollout/search_latency_p99_s"] = percentile(per_search, 0.99)
@@ -73,6 +74,17 @@ def rollout_metrics(samples: list[Sample], single_version: bool = True) -> dict[
         raise RuntimeError(f"a rollout mixed weight versions {sorted(versions)}; engines were updated mid-rollout")
     if versions and next(iter(versions)).isdigit():  # a scripted engine (no weights) may name its version
         out["rollout/weight_version"] = float(versions.pop())
+    return out
+
+
+def ledger_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:
+    """The run's web-search cost as a plugin's spending ledger counts it (`search_ledger_calls`, `search_ledger_usd`:
+    a running total at each trajectory's end, every attempt a paid API may have billed): the newest reading."""
+    out = {}
+    for key in ("search_ledger_calls", "search_ledger_usd"):
+        readings = [s.metrics[key] for s in samples if key in s.metrics]
+        if readings:
+            out[f"{prefix}/{key}"] = float(max(readings))
     return out
 
 

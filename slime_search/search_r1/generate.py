@@ -469,6 +469,9 @@ async def run_trajectory(
     else:
         finish = "max_turns"
     metrics["search_cost_usd"] = metrics["search_billed"] * config.serper_usd_per_call
+    ledger = await res.search.ledger_calls() if isinstance(res.search, SerperClient) else None
+    if ledger is not None:  # what the run's web search has cost so far, as the budget counts it (every attempt)
+        metrics.update(search_ledger_calls=ledger, search_ledger_usd=ledger * config.serper_usd_per_call)
     sample.metrics.update(metrics, response_tokens=sample.response_length, engine_failovers=route.failovers)
     sample.metadata["finish_reason"] = finish
     sample.check_alignment()

@@ -365,6 +365,13 @@ class SerperClient:
         if self._ledger is not None:
             await asyncio.to_thread(self._ledger.release)
 
+    async def ledger_calls(self) -> int | None:
+        """The billed calls the budget ledger counts now: every attempt Serper may have billed, by every process
+        drawing on the budget (the rollouts, an evaluation beside them, the runs before a resume); None without one."""
+        if self._ledger is None:
+            return None
+        return await asyncio.to_thread(self._ledger.spent)
+
     async def search(self, query: str) -> list[dict]:
         return (await self.search_with_origin(query))[0]
 

@@ -148,20 +148,25 @@ def test_signals_beyond_their_bounds_warn():
     alternating = HealthGuard(HealthConfig(window=4))  # reward windows of 2 steps
     lengths = [100.0, 200.0, 100.0, 200.0, 100.0, 200.0, 240.0]
     assert not any(alternating.review(n, step_record(n, length=p90)) for n, p90 in enumerate(lengths))
-    assert alternating.review(7, step_record(7, length=500.0, reward=0.3)) == []  # 2.5 x the median 200: not above
-    assert [e.rule for e in alternating.review(8, step_record(8, length=600.0, reward=0.3))] == ["length_blowup"]
+    assert alternating.review(7, step_record(7, length=500.0, reward=0.4)) == []  # 2.5 x the median 200: not above
+    assert [e.rule for e in alternating.review(8, step_record(8, length=600.0, reward=0.4))] == ["length_blowup"]
 
 
 def test_a_reward_drop_rolls_back_to_before_the_newest_window_near_the_best():
     guard = HealthGuard(HealthConfig(window=4, reward_drop=0.3))  # window means over 2 steps
-    rewards = [0.2, 0.6, 0.8, 0.8, 0.7, 0.5, 0.3]
+    rewards = [0.2, 0.6, *[0.8] * 8, 0.7, 0.5, 0.3]
     events = [guard.review(step, step_record(step, reward=r)) for step, r in enumerate(rewards)]
     assert all(e == [] for e in events[:-1])
     [rollback] = events[-1]
-    # window means by first step: 0: 0.4, 1: 0.7, 2: 0.8 (best), 3: 0.75, 4: 0.6, 5: 0.4 (0.4 below: the rule fires);
-    # the newest window within half the margin (0.15) of the best begins at step 3
-    assert rollback.rule == "reward_drop" and rollback.values["roll_back_before"] == 3
+    # window means by first step: 0: 0.4, 1: 0.7, 2-8: 0.8 (best), 9: 0.75, 10: 0.6 (0.2 below), 11: 0.4 (0.4 below:
+    # more than 0.3 x 0.8, and the reward has no noise to speak of: the rule fires); the newest window within half
+    # the margin (0.12) of the best begins at step 9
+    assert rollback.rule == "reward_drop" and rollback.values["roll_back_before"] == 9
     assert rollback.values["best"] == pytest.approx(0.8) and rollback.values["value"] == pytest.approx(0.4)
+    # the same fall as a share of a best of 0.4 is no drop below 0.3 x 0.4 = 0.12: at half the level, half the margin
+    halved = HealthGuard(HealthConfig(window=4, reward_drop=0.3))
+    events = [halved.review(step, step_record(step, reward=r / 2)) for step, r in enumerate(rewards)]
+    assert [e.values["margin"] for e in events[-1]] == [pytest.approx(0.12)]
 
 
 def test_a_held_out_drop_is_watched_with_its_target_kept_then_rolled_back_when_it_lasts():
@@ -229,6 +234,30 @@ def test_a_replayed_guard_decides_as_the_one_that_ran():
     assert [e.action for e in replayed.review(7, dict(following))] == [e.action for e in live.review(7, following)]
 
 
+def test_a_replayed_guard_begins_its_streaks_afresh_where_the_run_went_on_after_a_rollback():
+    """A held-out fall watched at version 8, then a rollback to checkpoint 9 (its evaluation's record is kept: it is of
+    a version before the target): the run that rolled back waits for two new falls; so must the guard that replays
+    its records on resume, not count the fall before the rollback as the first of them."""
+    config = HealthConfig(eval_patience=2)
+    live, kept = HealthGuard(config), []
+    for step in range(12):
+        record = step_record(step)
+        live.review(step, dict(record))
+        kept += [record] if step < 9 else []
+        if step + 1 in (5, 8):
+            evaluation = {"step": step + 1, "time/eval_s": 1.0, "eval/score": 0.9 if step + 1 == 5 else 0.5}
+            live.review_eval(step + 1, evaluation)
+            kept.append(evaluation)
+    live.rolled_back(9, at_step=12)
+    replayed = HealthGuard(config)
+    replayed.replay(kept, rollback_steps=[12], rollback_targets=[9])
+    assert replayed.held_out.falls == live.held_out.falls == []
+    for guard in (live, replayed):
+        guard.review(9, step_record(9))
+        assert [e.action for e in guard.review_eval(10, {"eval/score": 0.5})] == ["watch"]
+    assert replayed.ledger.restarts() == [9]
+
+
 def test_remedies_lower_the_learning_rate_and_the_staleness():
     fully = ScheduleConfig("fully", 2)
     assert remedied_schedule(fully, 0) == fully
@@ -280,8 +309,10 @@ LATE_DECLINE = [
 
 
 def evaluated(guard, evals):
+    """The guard after these evaluations, which roll nothing back (a fall of a tenth of the best is watched)."""
     for version, score, high in evals:
-        assert guard.review_eval(version, {"eval/score": score, "eval/score_high": high}) == []
+        events = guard.review_eval(version, {"eval/score": score, "eval/score_high": high})
+        assert all(e.action == "watch" for e in events)
     return guard
 
 

@@ -157,11 +157,13 @@ def test_no_rule_finds_its_target_pruned_with_keep_two(tmp_path, name, records, 
 
 
 def test_a_slow_reward_fall_rolls_back_near_the_best_not_to_where_it_began(tmp_path):
-    """The reward rises to 0.8 by step 20 and falls 0.006 a step: the rollback goes to where the reward was still within
-    half the margin of its best (about step 44), not back to step 20."""
+    """The reward rises to 0.8 by step 20 and falls 0.006 a step: the rule fires 0.3 x its best (0.79) below it, and
+    the rollback goes to where the reward was still within half that margin of its best (about step 39), not back to
+    step 20."""
     guard, rollback, kept = run_with_pruning(HealthConfig(), SLOW_FALL, save_every=10, keep=2, root=tmp_path / "ckpt")
-    assert rollback.step == 74 and 40 <= rollback.values[BEFORE] <= 50
-    assert guard.policy.target(kept, int(rollback.values[BEFORE])) == 40
+    assert rollback.step == 64 and 35 <= rollback.values[BEFORE] <= 42
+    assert rollback.values["margin"] == pytest.approx(0.3 * rollback.values["best"])  # a steady fall has no noise
+    assert guard.policy.target(kept, int(rollback.values[BEFORE])) == 30
 
 
 def test_the_held_out_rule_finds_its_target_kept(tmp_path):
@@ -222,8 +224,9 @@ def test_trouble_that_comes_back_from_a_rollback_target_sends_the_next_rollback_
     """Seed 5's one-step replica 2 (docs/benchmarks/health.md): a length blow-up from step 13 rolled the run back to
     checkpoint 10 twice, came back step for step each time, and the run stopped. A checkpoint a recent rollback went
     back to is passed over for the one before it, which pruning at --keep-checkpoints 2 keeps for that (here the
-    trouble is a collapse of the entropy, which holds as long as it lasts)."""
-    guard = HealthGuard(HealthConfig(patience=4))
+    trouble is a collapse of the entropy, which holds as long as it lasts). The run's held-out plateau of 0.81 after a
+    best of 0.98 is left within the held-out margin here (0.2 x the best): what is tested is the target passed over."""
+    guard = HealthGuard(HealthConfig(patience=4, eval_drop=0.2))
     root = tmp_path / "ckpt"
     root.mkdir()
     scores = {2: 0.16, 4: 0.83, 6: 0.98, 8: 0.89, 10: 0.81, 12: 0.81, 14: 0.81, 16: 0.81}  # the run's held-out EM

@@ -226,3 +226,60 @@ def test_at_the_budget_a_trajectory_asks_the_run_to_stop_and_the_guard_stops_it(
     assert SpendLedger(tmp_path / "run" / "serper_spend.sqlite").spent() == 1  # the ledger of the run folder
     [event] = HealthGuard(HealthConfig()).check_rollout(3, {"rollout/samples": 2.0}, first_errors([done, stopped]))
     assert event.action == "stop" and "--serper-budget-calls 1" in event.message
+
+
+def test_the_reports_web_search_cost_is_the_ledgers_after_a_retried_search_and_a_rollback(
+    monkeypatch, serper, tiny_checkpoint, tmp_path
+):
+    """Step 0's search is answered at its second attempt (Serper rate-limited the first: both may have been billed);
+    step 1 is undone by a rollback (its record dropped) and redone with another search. Serper may have billed 4
+    calls; the step records kept name 2 (the first requester of each answered search, in the steps kept). The report
+    names the ledger's figure, read from the steps' records (rollout/search_ledger_calls), and says which is which."""
+    import json
+
+    from slime_search.metrics import MetricsSink
+    from slime_search.report import search_cost_section
+    from slime_search.rollout.sample_metrics import rollout_metrics
+    from slime_search.search_r1.config import search_r1_args
+    from slime_search.search_r1.generate import close_resources, generate
+    from slime_search.search_r1.prompt import make_prompt
+    from slime_search.types import Sample
+
+    monkeypatch.setenv("SERPER_API_KEY", KEY)
+    script = {
+        "zebra": ["<search> busy </search>", "<answer> a </answer>"],  # a 429 with Retry-After 1 s, then answered
+        "yak": ["<search> ledger undone </search>", "<answer> a </answer>"],
+        "ibex": ["<search> ledger redone </search>", "<answer> a </answer>"],
+    }
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    engine = ["-m", "benchmarks.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint), "--script",
+              str(tmp_path / "script.json"), "--port", "0"]  # fmt: skip
+    run = tmp_path / "run"
+    sink = MetricsSink(run)
+    with ServerProcess(engine) as engine_server:
+        args = search_r1_args(
+            engine_url=engine_server.url, hf_checkpoint=str(tiny_checkpoint), search_backend="serper",
+            serper_url=f"{serper.url}/search", serper_budget_calls=100, save=str(run), apply_chat_template=True,
+        )  # fmt: skip
+
+        def step(number: int, question: str) -> None:
+            async def rollout():
+                try:
+                    sample = Sample(prompt=make_prompt(f"the {question} question"), label={"target": ["a"]})
+                    return await generate(args, sample, {"temperature": 1.0, "max_new_tokens": 50})
+                finally:
+                    await close_resources()
+
+            sink.log(number, rollout_metrics([asyncio.run(rollout())]))
+
+        step(0, "zebra")
+        step(1, "yak")
+        sink.drop_from(1)  # a rollback to the checkpoint of step 1: its record goes, its calls were billed
+        step(1, "ibex")
+    spent = SpendLedger(run / "serper_spend.sqlite").spent()
+    records = sink.read()
+    assert spent == 4 and sum(r["rollout/search_billed_calls"] for r in records) == 2
+    assert [r["rollout/search_ledger_calls"] for r in records] == [2.0, 4.0]  # the run's count at each step
+    section = search_cost_section(records)
+    assert f"Web search over the run: {spent} billed calls, $0.004, as the Serper budget ledger counts them" in section
+    assert "The step records kept sum to 2 billed calls, $0.002" in section

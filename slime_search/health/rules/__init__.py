@@ -1,0 +1,10 @@
+"""The health guard's rules, one module per family; each returns the events its records call for (health.guard).
+
+inputs      what a rollout returns and the trainer's log-probs: stop or skip the step
+updates     refused updates and the gradient-norm bound the optimizer refuses above
+bounds      signals beyond their bounds: warnings, and the one update that broke the policy
+escalation  warnings that hold: a re-push of the weights or a rollback
+reward      the training reward: down (gating the length rules) and dropped (a rollback)
+held_out    a held-out evaluation below the best: watched, then rolled back
+end         at the end of the run: whether to end on the best evaluated checkpoint
+"""

@@ -1,0 +1,87 @@
+"""Signals beyond their bounds: the step's warnings, and the one update that moved the policy so far it broke it.
+
+    entropy_collapse | explosion  the policy's entropy below --health-entropy-low or above --health-entropy-high x its
+                                  value at the run's first step
+    logprob_gap, is_weight_tail   the trainer-engine log-prob gap, the share of importance weights beyond the cap
+    length_blowup, truncation     p90 response length x its recent median, truncations above their start
+    likelihood_displacement       rewarded tokens losing log-prob in the update
+    no_reward_signal              no group's rewards differ
+    policy_jump                   one update moved the policy more than --health-max-update-kl: a rollback at once
+
+Each rule applies where its signal means something: with a demonstrator engine (SFT) the trainer-engine gap and the
+importance weights compare two different models; length and truncation speak only while the training reward is down
+as well (health.rules.reward: longer answers with the reward up are a policy that learns to search more).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slime_search.health.config import HealthConfig
+from slime_search.health.events import BEFORE, Event
+from slime_search.health.records import num, recent_median, starting_value
+
+LENGTH_RULES = ("length_blowup", "truncation")  # a sign of trouble only with the reward down too
+ENGINE_RULES = ("logprob_gap", "is_weight_tail")  # compare the trainer with the engine that sampled
+
+
+def signal_warnings(
+    step: int, metrics: dict[str, Any], history: list[dict[str, Any]], c: HealthConfig, reward_down: bool
+) -> list[Event]:
+    """The warnings of the step's record against the run's history (its first step, its recent medians)."""
+    events = []
+
+    def warn(rule: str, message: str, **values: float) -> None:
+        if rule in ENGINE_RULES and not c.engine_serves_policy:
+            return  # a demonstrator engine is another model: the gap and the weights measure that, not a fault
+        if rule in LENGTH_RULES and not reward_down:
+            return  # longer answers with the reward up are a policy that learns to search more: nothing to act on
+        events.append(Event(step, "warn", rule, f"step {step}: {message}", values))
+
+    entropy, start = num(metrics, "train/entropy"), starting_value(history, "train/entropy")
+    if entropy is not None and start:
+        if entropy < c.entropy_low * start:
+            message = f"entropy {entropy:.4g} < {c.entropy_low} x its start {start:.4g}"
+            warn("entropy_collapse", message, value=entropy, start=start)
+        elif entropy > c.entropy_high * start:
+            message = f"entropy {entropy:.4g} > {c.entropy_high} x its start {start:.4g}"
+            warn("entropy_explosion", message, value=entropy, start=start)
+    gaps = {k: v for k in metrics if k.startswith("health/logprob_gap") and (v := num(metrics, k)) is not None}
+    worst = max(gaps.items(), key=lambda kv: kv[1], default=None)
+    if worst is not None and worst[1] > c.max_logprob_gap:
+        warn("logprob_gap", f"{worst[0]} {worst[1]:.4g} > --health-max-logprob-gap {c.max_logprob_gap}", value=worst[1])
+    capped = num(metrics, "health/is_capped_share")
+    if capped is not None and capped > c.max_is_capped_share:
+        message = f"{capped:.3f} of tokens beyond the importance-weight cap (> {c.max_is_capped_share})"
+        warn("is_weight_tail", message, value=capped)
+    # a batch's length depends on what finished first in asynchronous modes: its recent median is the yardstick
+    length = num(metrics, "rollout/response_length_p90")
+    usual = recent_median(history, "rollout/response_length_p90", c.window)
+    if length is not None and usual and length > c.length_blowup * usual:
+        message = f"p90 response length {length:.0f} > {c.length_blowup} x its recent median {usual:.0f}"
+        warn("length_blowup", message, value=length, usual=usual)
+    shift = num(metrics, "train/logp_shift_pos")
+    if shift is not None and shift < c.min_positive_shift:
+        message = (
+            f"rewarded tokens lost {-shift:.3g} nats each in the update "
+            f"(--health-min-positive-shift {c.min_positive_shift})"
+        )
+        warn("likelihood_displacement", message, value=shift)
+    if c.rewards_grouped and num(metrics, "rollout/zero_std_group_share") == 1.0:
+        warn("no_reward_signal", "no group's rewards differ (a constant reward?): the step learns nothing", value=1.0)
+    truncated, start = num(metrics, "rollout/truncation_rate"), starting_value(history, "rollout/truncation_rate")
+    if truncated is not None and start is not None and truncated - start > c.truncation_rise:
+        message = f"{truncated:.3f} of samples truncated, {c.truncation_rise} or more above its start {start:.3f}"
+        warn("truncation", message, value=truncated, start=start)
+    return events
+
+
+def policy_jump(step: int, metrics: dict[str, Any], c: HealthConfig) -> list[Event]:
+    """One update that moved the policy this far on what it trained on broke it (at lr 1e-2 the miniature's first
+    step moved it 4.6 nats a token and it never answered again): no need to wait for the reward to show it."""
+    kl = num(metrics, "train/kl_old_new")
+    if kl is None or kl <= c.max_update_kl:
+        return []
+    bound = f"--health-max-update-kl {c.max_update_kl}"
+    message = f"step {step}: the update moved the policy KL {kl:.3g} per token (> {bound})"
+    return [Event(step, "rollback", "policy_jump", message, {"value": kl, BEFORE: float(step)})]
