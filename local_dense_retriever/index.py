@@ -50,6 +50,7 @@ class DenseRetriever:
         faiss_gpu: bool = False,
         runtime: str = "torch",
         threads: int = 0,
+        search_params: str = "auto",
     ):
         import faiss
 
@@ -58,8 +59,12 @@ class DenseRetriever:
             raise FileNotFoundError(f"faiss index not found: {index_path}")
         self.index = faiss.read_index(str(index_path))
         self.index_type = read_meta(index_path).get("factory", type(self.index).__name__)
+        self.search_params = search_params_for(self.index) if search_params == "auto" else search_params
         if faiss_gpu:
             self.index = to_all_gpus(self.index, fp16=encoder_config.fp16)
+        if self.search_params:
+            space = faiss.GpuParameterSpace() if faiss_gpu else faiss.ParameterSpace()
+            space.set_index_parameters(self.index, self.search_params)  # an unknown name raises, naming it
         self.encoder = Encoder(encoder_config, runtime=runtime, threads=threads)
         if self.encoder.dim != self.index.d:
             raise ValueError(
@@ -73,6 +78,35 @@ class DenseRetriever:
         embeddings = self.encoder.encode(queries, is_query=True)
         scores, rows = self.index.search(embeddings, topk)
         return rows, scores
+
+
+# Approximate indexes search as wide as these by default: faiss saves nprobe 1 (IVF) and efSearch 16 (HNSW) in a new
+# index's file, which over 2M wiki-18-like vectors found 0.18 and 0.30 of the exact top 3; nprobe 64 found 0.95 and
+# efSearch 128 0.71 there (docs/benchmarks/retrieval.md, "At wiki-18's size"). A file's own wider setting is kept.
+WIDE_SEARCH = {"nprobe": 64, "efSearch": 128}
+
+
+def search_params_for(index) -> str:
+    """The faiss search parameters to serve `index` with: WIDE_SEARCH for what it has, unless its file set wider."""
+    import faiss
+
+    params = []
+    if _has_ivf(index) and faiss.extract_index_ivf(index).nprobe < WIDE_SEARCH["nprobe"]:
+        params.append(f"nprobe={WIDE_SEARCH['nprobe']}")
+    hnsw = getattr(faiss.downcast_index(index), "hnsw", None)
+    if hnsw is not None and hnsw.efSearch < WIDE_SEARCH["efSearch"]:
+        params.append(f"efSearch={WIDE_SEARCH['efSearch']}")
+    return ",".join(params)
+
+
+def _has_ivf(index) -> bool:
+    import faiss
+
+    try:
+        faiss.extract_index_ivf(index)
+    except RuntimeError:  # not an IVF index, nor one wrapping it
+        return False
+    return True
 
 
 def to_all_gpus(index, fp16: bool):

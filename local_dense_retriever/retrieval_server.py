@@ -325,8 +325,15 @@ def load_retriever(args: argparse.Namespace):
     if torch_threads:
         torch.set_num_threads(torch_threads)
     retriever = DenseRetriever(
-        args.index_path, config, faiss_gpu=args.faiss_gpu, runtime=args.encoder_runtime, threads=onnx_threads
+        args.index_path,
+        config,
+        faiss_gpu=args.faiss_gpu,
+        runtime=args.encoder_runtime,
+        threads=onnx_threads,
+        search_params=args.faiss_search_params,
     )
+    if retriever.search_params:
+        logger.info("faiss searches %s with %s", args.index_path, retriever.search_params)
     facts = {"index_type": retriever.index_type, "encoder": config.model_path, "index_size": retriever.size}
     return retriever, {
         **facts,
@@ -358,6 +365,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
     parser.add_argument("--faiss-gpu", "--faiss_gpu", action="store_true", help="shard the index over all GPUs")
     parser.add_argument("--fp16", action="store_true", help="fp16 encoder and GPU index")
+    parser.add_argument(
+        "--faiss-search-params",
+        default="auto",
+        help="faiss search parameters of an approximate index, as faiss's ParameterSpace takes them (e.g. "
+        "'nprobe=128' for IVF, 'efSearch=256' for HNSW); auto: nprobe 64 and efSearch 128 unless the index file set "
+        "wider; '' keeps the file's own",
+    )
     parser.add_argument("--max-batch-size", type=int, default=256, help="queries per encoder/index batch")
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="longest wait for a batch to fill")
     parser.add_argument("--encoder-batch-size", type=int, default=64, help="queries per encoder forward pass")

@@ -63,3 +63,22 @@ def test_biases_and_norms_get_no_weight_decay(tiny_checkpoint, tmp_path):
     assert result["applied"]
     for name, ratio in result["shrink"].items():  # AdamW's decoupled decay: p <- p (1 - lr x wd) = 0.95 p
         assert ratio == pytest.approx(1.0 if name in exempt else 0.95, abs=1e-6), name
+
+
+@pytest.mark.timeout(60)
+def test_a_cpu_optimizer_state_saved_in_one_group_loads_into_the_decay_groups():
+    """Checkpoints written before the CPU optimizer split its parameters by weight decay hold one group: each
+    parameter's moments still reach that parameter."""
+    from slime_search.backends.megatron.optimizer import CpuAdam, OptimConfig
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    params = [p for p in model.parameters()]
+    one_group = torch.optim.AdamW(params, lr=0.1)
+    for k, p in enumerate(params):  # moments that name their parameter
+        one_group.state[p] = {"step": torch.tensor(3.0), "exp_avg": torch.full_like(p, k), "exp_avg_sq": p * 0 + k}
+    optimizer = CpuAdam(model, OptimConfig(lr=0.1, weight_decay=0.5))
+    assert len(optimizer.adam.param_groups) == 2
+    optimizer.load_state_dict({"adam": one_group.state_dict(), "iteration": 3})
+    for k, p in enumerate(params):
+        assert torch.equal(optimizer.adam.state[p]["exp_avg"], torch.full_like(p, k))
+    assert [g["wd_mult"] for g in optimizer.adam.param_groups] == [1.0, 0.0] and optimizer.iteration == 3

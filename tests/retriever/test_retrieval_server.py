@@ -254,3 +254,30 @@ def test_the_query_encoder_uses_the_cores_unless_torch_is_asked_for_by_name():
     assert encoder_threads(None, "auto", "torch", 16) == (16, 16)  # "auto" without ONNX Runtime installed
     assert encoder_threads(None, "torch", "torch", 16) == (1, 16)  # the setting measured on shared cores
     assert encoder_threads(3, "auto", "torch", 16) == (3, 3) and encoder_threads(0, "auto", "onnx", 16) == (0, 0)
+
+
+def test_approximate_indexes_search_wide_unless_told_otherwise(built):
+    """A new IVF or HNSW file keeps faiss's narrow defaults (nprobe 1, efSearch 16); the server searches wider by
+    default, keeps a file's wider setting, and takes the user's parameters as given."""
+    import faiss
+
+    from local_dense_retriever.index import search_params_for
+
+    root, _ = built
+
+    def served(filename, params="auto"):
+        path = root / "idx" / filename
+        return DenseRetriever(path, encoder_config_from_meta(read_meta(path)), search_params=params)
+
+    ivf = served("minilm_IVF4_Flat.index")
+    assert ivf.search_params == "nprobe=64" and faiss.extract_index_ivf(ivf.index).nprobe == 64
+    hnsw = served("minilm_HNSW16.index")
+    assert hnsw.search_params == "efSearch=128" and faiss.downcast_index(hnsw.index).hnsw.efSearch == 128
+    assert served("minilm_Flat.index").search_params == ""  # exact: nothing to widen
+    assert faiss.extract_index_ivf(served("minilm_IVF4_Flat.index", "nprobe=2").index).nprobe == 2
+    assert faiss.extract_index_ivf(served("minilm_IVF4_Flat.index", "").index).nprobe == 1  # the file's own
+    wide = faiss.read_index(str(root / "idx" / "minilm_IVF4_Flat.index"))
+    faiss.extract_index_ivf(wide).nprobe = 256
+    assert search_params_for(wide) == ""  # wider than the default already
+    with pytest.raises(RuntimeError, match="nprob"):
+        served("minilm_IVF4_Flat.index", "nprob=3")  # a misspelt name is refused, not ignored

@@ -125,8 +125,19 @@ class CpuAdam:
         return {"adam": self.adam.state_dict(), "iteration": self.iteration}
 
     def load_state_dict(self, state: dict) -> None:
-        self.adam.load_state_dict(state["adam"])
+        adam = state["adam"]
+        if len(adam["param_groups"]) == 1 < len(self.adam.param_groups):
+            adam = self._regrouped(adam)
+        self.adam.load_state_dict(adam)
         self.iteration = state["iteration"]
+
+    def _regrouped(self, adam: dict) -> dict:
+        """A state saved with every parameter in one group (checkpoints written before weight decay followed
+        Megatron's groups): its per-parameter state renumbered into today's groups, whose other settings stay."""
+        position = {id(p): k for k, p in enumerate(p for group in self.adam.param_groups for p in group["params"])}
+        renumber = {old: position[id(p)] for old, p in enumerate(self.params)}
+        groups = self.adam.state_dict()["param_groups"]
+        return {"state": {renumber[k]: v for k, v in adam["state"].items()}, "param_groups": groups}
 
 
 def megatron_optimizer_config(config: OptimConfig, params_dtype: torch.dtype):
