@@ -37,6 +37,12 @@ nan_reward, inf_reward, none_reward = bad(float("nan")), bad(float("inf")), bad(
 
 async def raising_reward(args, sample, **kwargs):
     if sample.index % 8 == 3:
+        raise KeyError("the judge's answer has no 'verdict'")
+    return await reward_func(args, sample, **kwargs)
+
+
+async def timing_out_reward(args, sample, **kwargs):
+    if sample.index % 8 == 3:
         raise TimeoutError("judge endpoint timed out after 30 s")
     return await reward_func(args, sample, **kwargs)
 
@@ -49,6 +55,11 @@ CASES = {  # name -> (what, extra flags, kill the retriever after this many step
     "inf": ("reward inf for 1 sample in 8", ["--custom-rm-path", "bad_plugins.inf_reward"], None),
     "none": ("reward None for 1 sample in 8", ["--custom-rm-path", "bad_plugins.none_reward"], None),
     "raising": ("reward plugin raises for 1 sample in 8", ["--custom-rm-path", "bad_plugins.raising_reward"], None),
+    "timing-out": (  # a fault that passes: waited out, here for at most 72 s
+        "reward plugin times out for 1 sample in 8, --health-max-outage-hours 0.02",
+        ["--custom-rm-path", "bad_plugins.timing_out_reward", "--health-max-outage-hours", "0.02"],
+        None,
+    ),
     "nan-tolerated": (
         "reward NaN for 1 in 8, --max-reward-error-rate 0.2",
         ["--custom-rm-path", "bad_plugins.nan_reward", "--max-reward-error-rate", "0.2"],
@@ -56,7 +67,11 @@ CASES = {  # name -> (what, extra flags, kill the retriever after this many step
     ),
     "constant": ("reward constant 0", ["--custom-rm-path", "bad_plugins.constant_reward"], None),
     "retriever-down": ("retriever down at start", ["--search-url", "http://127.0.0.1:9/retrieve"], None),
-    "retriever-dies": ("retriever killed after step 1", ["--num-rollout", "6"], 1),
+    "retriever-dies": (
+        "retriever killed after step 1, --health-max-outage-hours 0.02",
+        ["--num-rollout", "6", "--health-max-outage-hours", "0.02"],
+        1,
+    ),
 }
 NUMERIC_FLAGS = (
     "--rollout-concurrency", "--generation-concurrency", "--search-concurrency", "--search-topk",
@@ -64,7 +79,7 @@ NUMERIC_FLAGS = (
     "--max-turns", "--max-response-tokens", "--search-timeout", "--engine-timeout", "--rollout-temperature",
     "--keep-checkpoints", "--save-interval", "--eval-interval", "--max-staleness", "--lr", "--tis-clip",
 )  # fmt: skip
-MESSAGE = re.compile(r"(run stopped: .*|preflight failed: .*|error: .*|health (?:warn|skip|stop|rollback) .*)")
+MESSAGE = re.compile(r"(run stopped: .*|preflight failed: .*|error: .*|health (?:warn|pause|skip|stop|rollback) .*)")
 
 
 def base_command(run_dir: Path, out: Path, search_url: str) -> list[str]:

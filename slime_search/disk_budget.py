@@ -3,14 +3,15 @@
 One checkpoint is `checkpoint_bytes` of the actor as built (`slime_search.backends.megatron.checkpoint_size`). How
 many can be on disk at once, with --keep-checkpoints N > 0 (`RunFolder.prune_checkpoints` after every save):
 - the newest N of the run, and the one being written (a save completes before pruning removes the oldest);
-- with the health guard on, up to 3 more it may still go back to, stop on or end on (`RollbackPolicy.needed`: the
-  starting weights, the last healthy one, the best evaluated one), and the newest N that rollbacks and stops set aside
-  in checkpoints/undone/ (`RunFolder._prune_undone`);
+- with the health guard on, those it may still go back to, stop on or end on (`RollbackPolicy.needed`): the starting
+  weights, the last healthy one, the best evaluated one, and for each rollback still within --health-rollback-window
+  the checkpoint before its target (a new rollback passes over that target), so 3 + --max-rollbacks; and the newest N
+  that rollbacks and stops set aside in checkpoints/undone/ (`RunFolder._prune_undone`);
 - with evaluation beside training (--eval-engine), the 2 versions being evaluated and waiting to be
   (`BesideEval.pending_versions`).
-That is 2N + 4 with the guard (8 for the default N = 2; `benchmarks.guard_week` saw at most 5), N + 1 without it, 2
-more with --eval-engine. With N = 0 every checkpoint stays: as many as the run saves (more when a rollback redoes
-steps). HF copies (--save-hf) come on top.
+That is 2N + 4 + R with the guard (R = --max-rollbacks: 10 for the defaults N = 2, R = 2; the recipe-shaped weeks of
+`benchmarks.guard_week` peaked at 10, and at 11 of 12 with --eval-engine), N + 1 without it, 2 more with --eval-engine.
+With N = 0 every checkpoint stays: as many as the run saves (more when a rollback redoes steps). HF copies (--save-hf) come on top.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-GUARD_PROTECTED = 3  # the starting weights, the last healthy checkpoint, the best evaluated one
+GUARD_PROTECTED = 3  # the starting weights, the last healthy checkpoint, the best evaluated one (+ one per rollback)
 EVALUATING = 2  # with --eval-engine: the version being evaluated and the one waiting for it
 
 
@@ -29,11 +30,14 @@ class NotEnoughDisk(RuntimeError):
     """The --save disk cannot hold the checkpoints the run will keep."""
 
 
-def checkpoints_at_once(keep: int, guard: bool, saves: int, evaluating_beside: bool = False) -> int:
+def checkpoints_at_once(
+    keep: int, guard: bool, saves: int, evaluating_beside: bool = False, max_rollbacks: int = 2
+) -> int:
     """The most checkpoints on disk at once: see the module's docstring. `saves`: how many the run saves."""
     if keep <= 0:
         return saves
-    protected = (GUARD_PROTECTED + keep if guard else 0) + (EVALUATING if evaluating_beside else 0)
+    guarded = GUARD_PROTECTED + max_rollbacks + keep
+    protected = (guarded if guard else 0) + (EVALUATING if evaluating_beside else 0)
     return keep + 1 + protected
 
 
@@ -77,8 +81,8 @@ def refusal(budget: DiskBudget, save: str, keep: int) -> str:
         f"the checkpoints of this run need {gigabytes(budget.needed)} more on the disk of --save {save} "
         f"({budget.count} on disk at once with {kept}, {gigabytes(budget.per_checkpoint)} each, {budget.on_disk} "
         f"there already), and it has {gigabytes(budget.free)} free: free space there, give --save a folder on a "
-        f"larger disk, or keep fewer checkpoints with a lower --keep-checkpoints N (2N + 4 are on disk at once with "
-        f"the health guard, N + 1 without, 2 more with --eval-engine)"
+        f"larger disk, or keep fewer checkpoints with a lower --keep-checkpoints N (2N + 4 + --max-rollbacks are on "
+        f"disk at once with the health guard, N + 1 without, 2 more with --eval-engine)"
     )
 
 
@@ -87,7 +91,9 @@ def disk_budget(config, layout, run) -> DiskBudget:
     from slime_search.backends.megatron.checkpoint_size import checkpoint_bytes
 
     guard, beside = config.health.enabled, config.eval_engine is not None
-    count = checkpoints_at_once(config.keep_checkpoints, guard, saves_in_run(config), beside)
+    count = checkpoints_at_once(
+        config.keep_checkpoints, guard, saves_in_run(config), beside, config.health.max_rollbacks
+    )
     on_disk = len(run.checkpoint_steps()) + len(run.undone_checkpoints())
     return DiskBudget(checkpoint_bytes(layout), count, on_disk, shutil.disk_usage(run.path).free)
 

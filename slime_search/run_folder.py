@@ -265,9 +265,11 @@ class RunFolder:
         write_atomically(self.path / FINAL, json.dumps(final, indent=1) + "\n")
         return final
 
-    def record_stop(self, argv: list[str], event: dict[str, Any], advice: str) -> None:
-        """What a stop needs to be told apart from a crash when the same command runs again (RUN/stopped.json)."""
-        (self.path / STOPPED).write_text(json.dumps({"argv": argv, "event": event, "advice": advice}, indent=1))
+    def record_stop(self, argv: list[str], event: dict[str, Any], advice: str, transient: bool = False) -> None:
+        """What a stop needs to be told apart from a crash when the same command runs again (RUN/stopped.json);
+        `transient`: a stop of a fault that passes, which the same command may resume."""
+        stopped = {"argv": argv, "event": event, "advice": advice, "transient": transient}
+        (self.path / STOPPED).write_text(json.dumps(stopped, indent=1))
 
     def latest_checkpoint(self) -> int | None:
         """The steps done at the last complete checkpoint (its tracker file is written last), or None."""

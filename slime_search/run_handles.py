@@ -9,8 +9,10 @@ transport and the schedule together.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from slime_search.utils.clock import SystemClock
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +29,8 @@ class RunHandles:
     colocation: Any = None  # Colocation: the memory hand-over when engines share the actor's GPUs
     evaluator: Any = None  # InStepEval or BesideEval (slime_search.evaluators)
     rollouts: Any = None  # the rollout schedule (--async-mode), made anew by a rollback
+    clock: Any = field(default_factory=SystemClock)  # now() and sleep(s): the waits of passing faults (health.pauses)
+    checkpoint_bytes: int | None = None  # the size of one checkpoint of the actor (disk_budget), once it is built
 
     def start_rollouts(self, step: int) -> None:
         from slime_search.health.remedy import remedied_schedule
@@ -37,12 +41,15 @@ class RunHandles:
 
     def save(self, steps_done: int) -> None:
         """The actor (model, optimizer, RNG) and the rollout state in one folder renamed into place when complete, the
-        tracker file last; with --save-hf an HF folder too, streamed shard by shard. Then --keep-checkpoints prunes, keeping
-        every checkpoint the guard could still go back to (RollbackPolicy.needed) and those of the versions whose
-        evaluation is still to come (beside training it can take longer than several save intervals)."""
+        tracker file last; with --save-hf an HF folder too, streamed shard by shard. Then --keep-checkpoints prunes,
+        keeping every checkpoint the guard could still go back to (RollbackPolicy.needed) and those of the versions
+        whose evaluation is still to come (beside training it can take longer than several save intervals). A --save
+        disk without room for it raises OSError ENOSPC (or EDQUOT) with the earlier checkpoints and the tracker as they
+        were; health.pauses.save_checkpoint waits that out."""
         import ray
 
         h, config, run = self, self.config, self.run
+        h.check_room()
         h.colocation.for_weight_push()  # the actor's state must be on its device
         h.group.save(
             str(run.checkpoints), steps_done, run.rollout_state_file(steps_done, ray.get(h.manager.state_dict.remote()))
@@ -57,6 +64,21 @@ class RunHandles:
         kept = run.checkpoint_steps()
         evaluating = h.evaluator.pending_versions() if h.evaluator is not None else set()
         run.prune_checkpoints(config.keep_checkpoints, h.guard.checkpoints_needed(kept) | evaluating)
+
+    def check_room(self) -> None:
+        """OSError ENOSPC before a save that the --save disk has no room for (one checkpoint's size, disk_budget): the
+        ranks are not sent into a save that would fail on one of them before they agree on anything."""
+        import errno
+        import shutil
+
+        path = self.run.path
+        if self.checkpoint_bytes is None or not path.exists():
+            return
+        free = shutil.disk_usage(path).free
+        if free < self.checkpoint_bytes:
+            raise OSError(
+                errno.ENOSPC, f"No space left on device for a checkpoint of {self.checkpoint_bytes / 1e9:.1f} GB"
+            )
 
     def restart_down_engines(self) -> list[str]:
         """After a rollout: engines that died or stopped answering start again, while the actor trains. Colocated
@@ -135,7 +157,8 @@ def start_parts(h: RunHandles, args) -> None:
         h.manager = create_rollout_manager(config.rollout, args, h.group, colocate=False)
     h.evaluator = BesideEval.start(h, args) if config.eval_engine is not None else InStepEval(h)
     h.group.load_models(config.model, config.actor)
-    check_disk_budget(config, h.group.checkpoint_layout(), h.run)  # refuses a run whose --save disk is too small
+    # refuses a run whose --save disk is too small; a save that later finds it full says how much one needs
+    h.checkpoint_bytes = check_disk_budget(config, h.group.checkpoint_layout(), h.run).per_checkpoint
     h.colocation = Colocation(config.colocate, h.group, h.manager)
     if config.colocate:  # the engines start on the actor's GPUs once the actor has made room
         h.colocation.for_generation()

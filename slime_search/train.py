@@ -24,9 +24,13 @@ logger = logging.getLogger(__name__)
 def run_steps(h, recovery, start: int) -> None:
     """Steps `start`.. of the run: held-out evaluations that are due (inside the step or beside it), then rollout ->
     health checks -> GRPO step -> weight push -> the guard's review; a rollback goes back to a healthy checkpoint.
-    Checkpoints every --save-interval steps; at the end the final evaluation, and the weights the run ends on."""
+    Checkpoints every --save-interval steps (a full --save disk is waited out); at the end the final evaluation, and
+    the weights the run ends on."""
+    from slime_search.health.pauses import save_checkpoint
+
     if start == 0 and h.config.health.enabled and h.config.save_interval and h.run.latest_checkpoint() is None:
-        h.save(0)  # the weights the run starts from: the rollback target before a later checkpoint proves healthy
+        # the weights the run starts from: the rollback target before a later checkpoint proves healthy
+        save_checkpoint(h, recovery, 0)
     h.start_rollouts(start)
     step = start
     while True:
@@ -42,7 +46,7 @@ def run_steps(h, recovery, start: int) -> None:
             recovery.end(step)
             return
         if h.config.save_due(step + 1):
-            h.save(step + 1)
+            save_checkpoint(h, recovery, step + 1)
         step += 1
         recovery.follow_remedy(step)
 
@@ -59,23 +63,24 @@ def evaluate(h, recovery, step: int):
 
 
 def train_step(h, recovery, step: int):
-    """One step: its batch, the checks before training, the update, the weight push, the step's record and the
-    guard's review of it; returns the rollback the guard calls for, if any."""
+    """One step: its batch (a rollout that a passing fault broke is done again after a wait: health.pauses), the checks
+    before training, the update, the weight push, the step's record and the guard's review of it; returns the rollback
+    the guard calls for, if any."""
     import ray
 
+    from slime_search.health.pauses import usable_rollout
     from slime_search.health.recovery import event_counts, first_rollback
     from slime_search.metrics import PhaseClock, trainer_idle
 
     clock = PhaseClock()
-    batch = h.rollouts.next_batch(step, h.config.log_rollout_examples)
+    batch, events, paused_s = usable_rollout(h, recovery, step)  # the guard's checks of what the rollout returned
     h.run.record_examples(step, "train", batch.examples)
-    metrics = batch.metrics
+    metrics = {**batch.metrics, "health/paused_s": paused_s}  # the waits are part of the rollout's time
     clock.mark("rollout")
     restarted = h.restart_down_engines()
     metrics["engines/restarted"] = float(len(restarted))
     clock.mark("engine_check")
     h.colocation.for_training()
-    events = recovery.report(h.guard.check_rollout(step, metrics, batch.errors))
     metrics["health/step_skipped"] = float(any(e.action == "skip" for e in events))
     if not metrics["health/step_skipped"]:
         metrics.update(train_on(h, recovery, batch, step))
@@ -96,8 +101,7 @@ def train_step(h, recovery, step: int):
     events += reviewed
     h.sink.log(step, {**metrics, **event_counts(events, h.guard, step)})  # the step's record, also when it stops
     recovery.report(reviewed)
-    if any(e.action == "repush" for e in reviewed):
-        recovery.repush(step + 1)
+    recovery.engines.after_push(step, reviewed, batch.samples)  # a re-push the guard asked for, the engines' probe
     return first_rollback(events)
 
 
@@ -138,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     from slime_search.run_handles import open_run, start_parts
 
     hf_config = AutoConfig.from_pretrained(args.hf_checkpoint)
-    check_model_flags(args, hf_config)
+    try:
+        check_model_flags(args, hf_config)
+    except ValueError as err:  # a usage error, said as argparse says one, before Ray starts and the models load
+        sys.stderr.write(f"error: {err}\n")
+        return 2
     config = run_config(args, hf_config.vocab_size, use_gpu=torch.cuda.is_available())
     refusal = repeated_stop(config.run_dir, argv)
     if refusal is not None:  # the guard stopped this run, and the same command would stop it the same way

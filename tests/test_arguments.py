@@ -493,3 +493,28 @@ def test_recompute_flags_follow_megatrons_rules_and_reach_the_model_options(caps
         capsys, "--recompute-granularity", "selective", "--recompute-num-layers", "2"
     )
     assert "go with --recompute-granularity full only" in usage_error(capsys, "--recompute-method", "block")
+
+
+def test_the_driver_refuses_a_layout_the_checkpoint_cannot_take_as_a_usage_error(tiny_checkpoint, tmp_path, capsys):
+    """Without model flags only config.json knows the heads: the driver says so with exit code 2, before Ray starts
+    (the tiny model has 2 key/value heads), not with a traceback."""
+    from slime_search.train import main
+
+    argv = [
+        *BASE,
+        "--hf-checkpoint",
+        str(tiny_checkpoint),
+        "--save",
+        str(tmp_path / "run"),
+        "--search-preflight-timeout",
+        "0",
+    ]
+    argv += ["--rollout-batch-size", "4", "--n-samples-per-prompt", "8"]
+    argv += ["--actor-num-gpus-per-node", "4", "--tensor-model-parallel-size", "4"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "error: --tensor-model-parallel-size 4 must divide the model's 2 key/value heads (config.json)"
+    )
+    assert not (tmp_path / "run").exists()  # nothing was started

@@ -36,9 +36,10 @@ def test_the_3b_recipe_checkpoint_at_tp2():
 
 def test_checkpoints_on_disk_at_once():
     # newest 2 + the one being written + 3 the guard may go back to + newest 2 set aside
-    assert checkpoints_at_once(keep=2, guard=True, saves=81) == 8
+    assert checkpoints_at_once(keep=2, guard=True, saves=81) == 10  # 2N + 4 + --max-rollbacks
+    assert checkpoints_at_once(keep=2, guard=True, saves=81, max_rollbacks=3) == 11
     assert checkpoints_at_once(keep=2, guard=False, saves=81) == 3
-    assert checkpoints_at_once(keep=2, guard=True, saves=81, evaluating_beside=True) == 10  # + 2 being evaluated
+    assert checkpoints_at_once(keep=2, guard=True, saves=81, evaluating_beside=True) == 12  # + 2 being evaluated
     assert checkpoints_at_once(keep=0, guard=True, saves=81) == 81  # every one is kept
 
 
@@ -67,7 +68,7 @@ def test_a_run_whose_disk_cannot_hold_its_checkpoints_is_refused_naming_the_flag
         check_disk_budget(config, petabyte_model, run)
     message = str(refused.value)
     assert f"--save {tmp_path / 'run'}" in message and "--keep-checkpoints 2" in message
-    assert "8 on disk at once" in message and "lower --keep-checkpoints" in message
+    assert "10 on disk at once" in message and "lower --keep-checkpoints" in message
     assert list(run.path.iterdir()) == []  # nothing written, nothing lost
 
 
@@ -82,7 +83,7 @@ def test_the_budget_is_logged_and_a_resumed_run_counts_the_checkpoints_it_has(tm
     layout = CheckpointLayout(1000, (1000,), param_bytes=4)  # 4,000 + 8,000 bytes
     with caplog.at_level(logging.INFO, logger="slime_search.disk_budget"):
         budget = check_disk_budget(config, layout, run)
-    assert (budget.per_checkpoint, budget.count, budget.on_disk) == (12_000, 2 * 3 + 4, 3)
-    assert budget.needed == 12_000 * (10 - 3)
+    assert (budget.per_checkpoint, budget.count, budget.on_disk) == (12_000, 2 * 3 + 4 + 2, 3)
+    assert budget.needed == 12_000 * (12 - 3)
     (line,) = [r.getMessage() for r in caplog.records if r.name == "slime_search.disk_budget"]
-    assert "up to 10 on disk at once (--keep-checkpoints 3)" in line and "free on the --save disk" in line
+    assert "up to 12 on disk at once (--keep-checkpoints 3)" in line and "free on the --save disk" in line

@@ -53,7 +53,7 @@ def build_app(tokenizer, script: dict[str, list[str]]):
     async def generate(request: Request):
         body = await request.json()
         requests.append(body)
-        prompt = tokenizer.decode(body["input_ids"])
+        prompt = body["text"] if "text" in body else tokenizer.decode(body["input_ids"])  # SGLang takes either
         turns = next(texts for key, texts in script.items() if key in prompt)
         turn = turn_number(prompt)
         text = turns[min(turn, len(turns) - 1)]

@@ -158,6 +158,22 @@ class EngineClient:
         payload = generate_payload(sampling_params, input_ids, None, return_logprob, None)
         return await self._request("POST", "/generate", payload)
 
+    async def input_log_probs(self, token_ids: list[int]) -> list[float]:
+        """The engine's log-probs of token_ids[1:], each given the tokens before it: one prefill, teacher-forced, no
+        token generated (SGLang's input_token_logprobs from logprob_start_len 0, whose first entry has none). They are
+        of the model's own distribution, temperature 1: SGLang 0.5.23 divides by a request's temperature only for
+        the tokens it samples."""
+        payload = {
+            "input_ids": list(token_ids),
+            "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        }
+        entries = (await self._request("POST", "/generate", payload))["meta_info"]["input_token_logprobs"]
+        if [token for _, token, _ in entries] != list(token_ids):
+            raise EngineError(f"{self.config.base_url}: input log-probs of other tokens than those sent")
+        return [float(log_prob) for log_prob, _, _ in entries[1:]]
+
     async def health(self) -> None:
         """Raises unless the engine answers 200 (SGLang's /health runs a one-token generation)."""
         await self._request("GET", "/health")

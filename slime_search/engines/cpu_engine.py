@@ -31,6 +31,7 @@ class GenerationResult:
     version_starts: list[tuple[str, int]] = field(default_factory=list)
     retracted: bool = False  # stopped by a pause (retract): continues after /continue_generation
     num_retractions: int = 0
+    input_log_probs: list[float | None] = field(default_factory=list)  # from the request's logprob start on
 
     @property
     def weight_version(self) -> str:
@@ -57,6 +58,7 @@ class GenerationRequest:
     params: SamplingParams
     rid: str = ""
     prior: GenerationResult | None = None  # what a retracted request generated before its pause
+    logprob_start: int | None = None  # SGLang's logprob_start_len: the input log-probs from this token on
 
     @property
     def context(self) -> list[int]:
@@ -321,11 +323,26 @@ class CpuEngine:
         return results
 
     def _start(self, request: GenerationRequest) -> GenerationResult:
-        """A new result, or a retracted request's own, carried on under the weights served now."""
+        """A new result, or a retracted request's own, carried on under the weights served now. A new one asking for
+        input log-probs gets them now, at its prefill, as SGLang computes them."""
         result = request.prior or GenerationResult(prompt_tokens=len(request.input_ids))
+        if request.prior is None and request.logprob_start is not None:
+            result.input_log_probs = self.input_log_probs(request.input_ids, request.logprob_start)
         result.retracted = False
         result.serve_on(self.weight_version)
         return result
+
+    @torch.inference_mode()
+    def input_log_probs(self, input_ids: list[int], start: int) -> list[float | None]:
+        """SGLang's input_token_logprobs from token `start` on: each input token's log-prob given the tokens before
+        it, of the model's own distribution (temperature 1 whatever the request samples at: SGLang 0.5.23 divides by
+        the temperature only for the tokens it samples), and None for the first token of the range (SGLang gives none
+        there, also when tokens precede it)."""
+        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=ids).logits[0, start:-1].float()
+        targets = ids[0, start + 1 :].unsqueeze(-1)
+        log_probs = (logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1)).cpu()
+        return [None, *log_probs.tolist()] if start < len(input_ids) else []
 
     @staticmethod
     def _retract(result: GenerationResult) -> GenerationResult:
@@ -340,7 +357,9 @@ class CpuEngine:
         if self._is_aborted(request.rid):
             result.finish_reason = {"type": "abort", "message": "Abort in waiting queue"}  # SGLang's words
             result.text = self.tokenizer.decode(
-                result.output_ids, skip_special_tokens=request.params.skip_special_tokens
+                result.output_ids,
+                skip_special_tokens=request.params.skip_special_tokens,
+                spaces_between_special_tokens=request.params.spaces_between_special_tokens,
             )
             return False
         return True
@@ -354,7 +373,11 @@ class CpuEngine:
         trim = not params.no_stop_trim
 
         def decode(ids: list[int]) -> str:
-            return self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+            return self.tokenizer.decode(
+                ids,
+                skip_special_tokens=params.skip_special_tokens,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
+            )
 
         if token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos):
             text = decode(result.output_ids[:-1] if trim else result.output_ids)

@@ -4,7 +4,8 @@
 
 It answers as the pinned SGLang (SGLANG_VERSION, reported by /server_info) does, field for field, so that the
 client code paths that run against it are the ones that run against SGLang (tests hold both to the same
-assertions): POST /generate; GET /health, /health_generate (empty bodies); GET /model_info (the served weight
+assertions): POST /generate (with return_logprob, the sampled tokens' log-probs and, from logprob_start_len on, the
+input tokens' as SGLang gives them); GET /health, /health_generate (empty bodies); GET /model_info (the served weight
 version), /server_info; POST /update_weights_from_disk; the weight-update session (/begin_weight_update,
 /end_weight_update) that tensor and distributed updates must sit in; broadcast weight sync
 (/init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group) over gloo;
@@ -31,6 +32,7 @@ from slime_search.engines.sampling import SamplingParams
 from slime_search.engines.validation import (
     BadRequest,
     SchemaViolation,
+    logprob_start,
     optional_version,
     parse_json_object,
     string,
@@ -117,7 +119,9 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, max_positions: int):
             f"prompt ({len(input_ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds the context of {max_positions}"
         )
     rid = str(body.get("rid") or uuid.uuid4().hex)
-    return GenerationRequest(input_ids, params, rid), bool(body.get("return_logprob", False))
+    return_logprob = bool(body.get("return_logprob", False))
+    start = logprob_start(body.get("logprob_start_len"), len(input_ids)) if return_logprob else None
+    return GenerationRequest(input_ids, params, rid, logprob_start=start), return_logprob
 
 
 def format_result(request, result, return_logprob: bool) -> dict:
@@ -132,7 +136,9 @@ def format_result(request, result, return_logprob: bool) -> dict:
         "cached_tokens": 0,
         "weight_versions": result.weight_versions(),
     }
-    if return_logprob:
+    if return_logprob:  # as SGLang: the input log-probs are [] unless a logprob_start_len asked for them
+        asked = request.input_ids[request.logprob_start :] if request.logprob_start is not None else []
+        meta["input_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(result.input_log_probs, asked, strict=True)]
         meta["output_token_logprobs"] = [
             [lp, tok, None] for lp, tok in zip(result.log_probs, result.output_ids, strict=True)
         ]

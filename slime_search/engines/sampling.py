@@ -19,6 +19,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # SGLang's: the detokenizer's spacing around special tokens
     ignore_eos: bool = False
     sampling_seed: int | None = None  # this request's own random stream (see seeded_uniform)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -75,6 +76,7 @@ _CHECKS = {
                        "a list of token ids"),
     "no_stop_trim": (lambda v: isinstance(v, bool), "a boolean"),
     "skip_special_tokens": (lambda v: isinstance(v, bool), "a boolean"),
+    "spaces_between_special_tokens": (lambda v: isinstance(v, bool), "a boolean"),
     "ignore_eos": (lambda v: isinstance(v, bool), "a boolean"),
     "sampling_seed": (_is_int, "an integer"),
 }  # fmt: skip

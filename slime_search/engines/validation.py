@@ -113,3 +113,18 @@ def weight_bucket(body: dict) -> tuple[list[str], list[str], list[list[int]]]:
 def _shown(value: Any) -> str:
     text = json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
     return text[:60]
+
+
+def logprob_start(value: Any, input_length: int) -> int | None:
+    """SGLang's logprob_start_len: -1 (its default) asks for no input log-probs, 0..the prompt's length for those
+    from that token on; beyond the prompt SGLang answers 400 with these words. (SGLang ignores it without
+    return_logprob.)"""
+    value = -1 if value is None else value
+    if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+        raise BadRequest(f"logprob_start_len must be -1 or an index into input_ids, got {value!r}")
+    if value > input_length:
+        raise BadRequest(
+            f"req.logprob_start_len={value} is higher than the number of input tokens "
+            f"len(req.origin_input_ids)={input_length}. Please use a smaller logprob_start_len."
+        )
+    return None if value == -1 else value

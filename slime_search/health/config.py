@@ -31,13 +31,15 @@ class HealthConfig:
     max_reward_error_rate: float = 0.0  # above it, the run stops with the first bad reward
     max_search_failure_rate: float = 0.05  # above it, the step is skipped (not trained on the rest)
     max_skipped_steps: int = 3  # skipped steps in a row before the run stops
+    max_outage_hours: float = 6.0  # a passing fault (searches, rewards, a full disk) is waited out this long
     # ---- the update: refused when the gradient is not finite or spikes --------------------------------------------
     grad_spike: float = 10.0  # x the median gradient norm of the recent applied steps
     # ---- warnings: a rule beyond its bound; `patience` steps in a row escalate to a rollback ----------------------
     window: int = 10  # steps of history for baselines and medians
     entropy_low: float = 0.05  # x the entropy at the first step: collapse
     entropy_high: float = 3.0  # x the entropy at the first step: explosion (gibberish)
-    max_logprob_gap: float = 0.1  # mean |trainer - engine| log-prob per token, at any version lag
+    # mean |trainer - engine| log-prob per token of the tokens the trainer's weights sampled, and on the engine probe
+    max_logprob_gap: float = 0.1
     max_is_capped_share: float = 0.2  # share of tokens whose importance weight the cap truncates
     length_blowup: float = 2.5  # x the recent median p90 response length
     truncation_rise: float = 0.3  # the share of samples that hit a length budget, above its starting value
@@ -63,6 +65,12 @@ class HealthConfig:
     # ---- where the rules apply (set from the run's phase, not flags) ----------------------------------------------
     engine_serves_policy: bool = True  # False with a demonstrator engine (SFT): no trainer-engine gap to watch
     rewards_grouped: bool = True  # False without reward groups (SFT): no reward signal or drop to watch
+    synchronous: bool = True  # False in --async-mode one-step | fully: the engine rules read version lag 0 only, and
+    # the engines are probed every --health-patience steps (health.rules.bounds, health.engine_check)
+
+    @property
+    def max_outage_s(self) -> float:
+        return self.max_outage_hours * 3600.0
 
     def __post_init__(self) -> None:
         if self.window < MIN_WINDOW:
@@ -90,21 +98,32 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         type=fraction,
         default=0.0,
         help="share of a rollout's samples whose reward may be NaN, infinite, not a number, or raised; above it the "
-        "run stops with the first such error (below it those samples leave the loss)",
+        "step is not trained: the run stops with the first such error, or, when the plugin raised for a fault that "
+        "passes (a timeout, a connection refused or reset, HTTP 5xx or 429), waits it out and redoes the rollout "
+        "(--health-max-outage-hours); below it those samples leave the loss",
     )
     g.add_argument(
         "--max-search-failure-rate",
         type=fraction,
         default=0.05,
-        help="share of a rollout's search calls that may fail; above it the step is skipped, not trained on the "
-        "trajectories that did not search",
+        help="share of a rollout's search calls that may fail; above it the step is not trained on the trajectories "
+        "that did not search: the run waits for the retriever and redoes the rollout (--health-max-outage-hours)",
     )
     g.add_argument(
         "--max-skipped-steps",
         type=positive_int,
         default=3,
-        help="steps in a row that may be skipped (failed searches, no trainable sample, a refused update) before "
-        "the run stops with the cause",
+        help="steps in a row that may be skipped (no trainable sample, a refused update) before the run stops with "
+        "the cause",
+    )
+    g.add_argument(
+        "--health-max-outage-hours",
+        type=non_negative_float,
+        default=6.0,
+        help="how long one continuous fault that passes is waited out: the retriever failing the step's searches, a "
+        "reward service timing out, a --save disk too full for a checkpoint. The step's rollout (or the save) is "
+        "tried again after 15 s, then after twice as long each time up to 5 minutes; past this many hours the run "
+        "stops, and the same command resumes it once the fault is gone (0: stop at the first)",
     )
     g.add_argument(
         "--health-grad-spike",
@@ -142,13 +161,17 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-max-logprob-gap",
         type=positive_float,
         default=0.1,
-        help="warn when the mean |trainer - engine| log-prob per token exceeds this at any version lag",
+        help="warn when the mean |trainer - engine| log-prob per token of the tokens sampled by the weights the "
+        "trainer holds exceeds this (every token in synchronous mode, version lag 0 in asynchronous ones); an engine "
+        "beyond it on the probe after a weight push (the same tokens teacher-forced on both sides) is restarted, and "
+        "stops the run if it still is",
     )
     g.add_argument(
         "--health-max-is-capped-share",
         type=fraction,
         default=0.2,
-        help="warn when this share of tokens has an importance weight beyond the TIS cap",
+        help="warn when this share of the tokens sampled by the weights the trainer holds has an importance weight "
+        "beyond the TIS cap",
     )
     g.add_argument(
         "--health-length-blowup",
@@ -188,7 +211,8 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-patience",
         type=positive_int,
         default=4,
-        help="a warning that holds this many steps in a row rolls the run back",
+        help="a warning that holds this many steps in a row rolls the run back; a trainer-engine mismatch is pushed "
+        "again and the engines probed instead (asynchronous modes probe them this often anyway)",
     )
     g.add_argument(
         "--health-reward-drop",
@@ -275,6 +299,7 @@ def health_config(args: argparse.Namespace) -> HealthConfig:
         max_reward_error_rate=args.max_reward_error_rate,
         max_search_failure_rate=args.max_search_failure_rate,
         max_skipped_steps=args.max_skipped_steps,
+        max_outage_hours=args.health_max_outage_hours,
         grad_spike=args.health_grad_spike,
         window=args.health_window,
         entropy_low=args.health_entropy_low,
@@ -299,4 +324,5 @@ def health_config(args: argparse.Namespace) -> HealthConfig:
         lr_factor=args.health_lr_factor,
         engine_serves_policy=getattr(args, "loss_type", None) != "sft",  # tools that replay records give no loss
         rewards_grouped=getattr(args, "loss_type", None) != "sft",
+        synchronous=getattr(args, "async_mode", "off") == "off",
     )

@@ -8,9 +8,19 @@ from typing import Any
 
 # "watch" is the guard's notice, not a warning: a first held-out fall, whose checkpoint it keeps while it waits for the
 # next evaluations (most falls recover by themselves); the user has nothing to do unless it acts
-ACTIONS = ("watch", "warn", "refuse", "skip", "repush", "rollback", "stop", "end_on_best")
+# "pause": a fault that passes (the retriever down, a reward service timing out, a full disk) is waited out and the
+# step's rollout (or the save) done again; nothing is trained on what it broke (health.rules.inputs)
+# "probe": the engines' log-probs of the same tokens against the trainer's, right after a push (health.engine_check),
+# its values each engine's mean gap by address; "restart_engine": an engine that disagreed is started again and pushed
+# the current weights, then probed again (still disagreeing, it stops the run)
+ACTIONS = (
+    "watch", "warn", "probe", "pause", "refuse", "skip", "repush", "restart_engine", "rollback", "stop", "end_on_best",
+)  # fmt: skip
 # a rollback event's value: the trouble began after this step; the target is at or before it
 BEFORE = "roll_back_before"
+# a pause's or stop's value: how long the fault has lasted (seconds on the run's clock); a stop that holds it stopped
+# a fault that passes at --health-max-outage-hours, and the same command may run again once it has passed
+OUTAGE = "outage_s"
 
 
 @dataclass(frozen=True)

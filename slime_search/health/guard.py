@@ -1,11 +1,11 @@
 """The health guard: after every rollout, every batch and every step, the run's own numbers are checked, and what they
-say is acted on, by severity: stop, skip a step, refuse an update, warn, push the weights again, roll back to a kept
-checkpoint (health.policy), and at the end of the run end on the best evaluated checkpoint. One rule family per module
-of health.rules (what each decides, and why, is there); the rollbacks done and their budget are health.ledger's.
+say is acted on, by severity: stop, skip a step, wait out a fault that passes (pause), refuse an update, warn, push the
+weights again, roll back to a kept checkpoint (health.policy), and at the end of the run end on the best evaluated
+checkpoint. One rule family per module of health.rules (what each decides, and why, is there); the rollbacks done and
+their budget are health.ledger's.
 
-The guard's state is a function of the run's records (metrics.jsonl) and its rollbacks, so a resumed run replays the
-records it kept and continues exactly where it was (`replay`). Without --health-guard only the stops and skips of what
-a step is given (health.rules.inputs) and the refusal of non-finite updates remain.
+Its state is a function of the run's records (metrics.jsonl) and rollbacks: a resumed run replays them (`replay`).
+Without --health-guard only the checks of what a step is given (health.rules.inputs) and non-finite updates remain.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class HealthGuard:
         self.end = EndRule(config, self.timeline, self.policy, self.eval_key)
         # what a step is given (health.rules.inputs), and the rollbacks' budget (health.ledger), as they answer it
         self.check_rollout, self.check_batch = self.inputs.check_rollout, self.inputs.check_batch
+        self.check_save = self.inputs.check_save  # a --save disk too full for a checkpoint: waited out
         self.recent_rollbacks, self.rollback_left = self.ledger.recent, self.ledger.left
         # the end of the run, judged on the final version's own evaluation (health.rules.end)
         self.final_version, self.end_candidate = self.end.final_version, self.end.candidate
@@ -54,7 +55,10 @@ class HealthGuard:
         return len(self.ledger)
 
     def rollback_target(self, checkpoints: list[int], before: int) -> int | None:
-        """Where a rollback for trouble that began after `before` goes, passing over recent rollbacks' targets."""
+        """Where a rollback for trouble that began after `before` goes, passing over recent rollbacks' targets; while
+        a held-out fall is watched, no later than its last version within the margin (whatever rule rolls back)."""
+        if self.held_out.falls:
+            before = min(before, self.held_out.last_good())
         return self.policy.target(checkpoints, before, self.ledger.recent_targets(self.timeline.last_step()))
 
     def skip_above(self) -> float | None:
@@ -128,13 +132,8 @@ class HealthGuard:
         for part in (self.timeline, self.updates, self.reward):
             part.forget_from(step)
 
-    def replay(
-        self,
-        records: list[dict[str, Any]],
-        rollback_steps: list[int],
-        grades: dict[int, list[float]] | None = None,
-        rollback_targets: list[int] | None = None,
-    ) -> None:
+    def replay(self, records: list[dict[str, Any]], rollback_steps: list[int],
+               grades: dict[int, list[float]] | None = None, rollback_targets: list[int] | None = None) -> None:  # fmt: skip
         """Rebuild the state of a resumed run from the records it kept (in file order), its rollbacks' steps and
         targets (where the records went on after one, the streaks began afresh) and its evaluations' grades."""
         self.rollback_steps, self.rollback_targets = list(rollback_steps), list(rollback_targets or [])

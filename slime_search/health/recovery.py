@@ -4,12 +4,16 @@ All of them go through one path, `serve_checkpoint(k)`: the actor loads checkpoi
 None of them deletes anything: the checkpoints a rollback or a stop undoes are set aside (RunFolder.carry_out) and the
 events name where; the event is recorded before anything moves, and a resume finishes a set-aside a crash cut short.
 Every stop, whichever rule raised it (a rollback budget spent, unusable rewards, skipped steps, damaged weights, a
-plugin's request), ends the run the same way (`stop`). RUN/final.json names the weights the run ended on, whatever the
-transport, also when the end's confirmation on fresh questions fails.
+plugin's request, a passing fault that lasted too long), ends the run the same way (`stop`): a stop that concerns the
+policy on the best checkpoint from before the trouble, one that concerns what the steps were given or where they are
+saved (INPUT_RULES: the weights are not at fault) on the newest checkpoint. RUN/final.json names the weights the run
+ended on, whatever the transport, also when the end's confirmation on fresh questions fails.
 
 A stop exits with STOP_EXIT_CODE, not 1: a scheduler that restarts failed jobs can tell the guard's verdict from a
 crash. Run again unchanged, a stopped run would meet the same rule at the same place, so it refuses to start and says
-what to change (`repeated_stop`); run with any flag changed, it resumes.
+what to change (`repeated_stop`); run with any flag changed, it resumes. A stop of a fault that passes (the retriever,
+a reward service or the --save disk failing past --health-max-outage-hours) is recorded as transient: the same command
+resumes it, since the fault may be gone.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import logging
 from dataclasses import replace
 
+from slime_search.health.events import OUTAGE
 from slime_search.health.guard import ACTIONS, BEFORE, Event, RunStopped
 from slime_search.health.remedy import lr_scale, remedied_schedule
 
@@ -35,26 +40,61 @@ ADVICE = {  # what to change before running a stopped run again, by the rule tha
     "nonfinite_gradient": "lower --lr, or clip harder with --clip-grad",
     "grad_spike": "lower --lr, or raise --health-grad-spike",
     "stop_run": "remove the cause the plugin named (e.g. raise --serper-budget-calls)",
+    "disk_full": "free space on the disk of --save, or keep fewer checkpoints with a lower --keep-checkpoints",
+    "engine_mismatch": "check the engine the message names: its GPU (nvidia-smi, ECC errors), its SGLang version "
+    "(constraints-gpu.txt pins the tested one) and its flags (dtype, quantization, attention backend; its log in the "
+    "run folder)",
 }
+PASSING_ADVICE = {  # what to do after a stop of a fault that passes: the same command resumes once it has
+    "search_failures": "once the retriever behind --search-url answers again (its log says why it did not), run the "
+    "same command: it resumes; or let the run wait longer with a higher --health-max-outage-hours",
+    "reward_errors": "once the service the reward plugin calls answers again (the message names its first error), run "
+    "the same command: it resumes; or let the run wait longer with a higher --health-max-outage-hours",
+    "disk_full": "free space on the disk of --save, or keep fewer checkpoints with a lower --keep-checkpoints, then run "
+    "the same command: it resumes",
+}
+# stops by what the steps were given or where they are saved, or by an engine that disagrees with the trainer's
+# weights (health.engine_check): the weights are not at fault, the run ends on its newest checkpoint (a stop by any
+# other rule ends on the best checkpoint from before the trouble)
+INPUT_RULES = frozenset({"search_failures", "reward_errors", "stop_run", "disk_full", "engine_mismatch"})
 ROLLBACK_ADVICE = (
     "lower --lr, or give the guard more room (--max-rollbacks, --health-rollback-window, or the rule's own bound)"
 )
 
 
-def advice(rule: str) -> str:
+def advice(rule: str, passing: bool = False) -> str:
+    """What to do before running a run stopped by `rule` again (`passing`: a stop of a fault that passes)."""
+    if passing and rule in PASSING_ADVICE:
+        return PASSING_ADVICE[rule]
     return ADVICE.get(rule, ROLLBACK_ADVICE)
+
+
+def passing_stop(event: Event) -> bool:
+    """Whether a stop ended a fault that passes (it lasted past --health-max-outage-hours): the same command may run
+    again, the fault may be gone."""
+    return OUTAGE in event.values
 
 
 def repeated_stop(run_dir, argv: list[str]) -> str | None:
     """A run the guard stopped, started again with the very same command, would repeat the stop: what to change
     instead (None when the run was not stopped, or runs with other flags now). Any change of flags resumes it; the
-    record of the stop stays in RUN/health.jsonl."""
+    record of the stop stays in RUN/health.jsonl. A stop of a fault that passes (recorded as transient) never refuses:
+    the retriever, the reward service or the disk may be back."""
     from pathlib import Path
 
     path = Path(run_dir) / STOPPED
     if not path.is_file():
         return None
     stopped = json.loads(path.read_text())
+    if stopped.get("transient"):
+        event = stopped["event"]
+        logger.info(
+            "this run was stopped at step %d by a fault that passes (%s); it resumes: the fault may be gone",
+            event["step"],
+            event["rule"],
+        )
+        path.unlink()
+        return None
     if stopped["argv"] != argv:
         path.unlink()
         return None
@@ -70,9 +110,12 @@ class Recovery:
     """The guard's decisions, carried out on the run's handles (slime_search.run_handles.RunHandles)."""
 
     def __init__(self, handles, argv: list[str] | None = None):
+        from slime_search.health.engine_check import EngineCheck
+
         self.h = handles
         self.argv = argv or []
         self.lr_scale = 1.0
+        self.engines = EngineCheck(self)  # the re-push, the probe of the engines and what follows from it
 
     # ---- the one path ----------------------------------------------------------------------------------------------
     def serve_checkpoint(self, steps_done: int) -> None:
@@ -168,7 +211,7 @@ class Recovery:
 
     def repush(self, version: int) -> None:
         """The engines served other weights than the trainer's, or seemed to: push the current ones again (each
-        transport checks the version the engines then serve)."""
+        transport checks the version the engines then serve); the probe follows (health.engine_check)."""
         h = self.h
         if h.transport is None:
             return
@@ -220,17 +263,21 @@ class Recovery:
     def stop(self, event: Event, why: str | None = None, before: int | None = None) -> None:
         """The run ends on the best checkpoint from before the trouble (RollbackPolicy.stop_target; the trouble began
         after `before`, by default the event's own bound or step), the newer ones set aside so that a resume starts
-        there; the stop is recorded (with RUN/stopped.json and RUN/final.json) and raised (RunStopped)."""
+        there; a stop of INPUT_RULES (the weights are not at fault) on the newest checkpoint. The stop is recorded
+        (with RUN/stopped.json, transient for a fault that passes, and RUN/final.json) and raised (RunStopped)."""
         h = self.h
         message, values = event.message if why is None else f"{event.message}; {why}", dict(event.values)
         before = int(event.values.get(BEFORE, event.step)) if before is None else before
-        ending = h.guard.policy.stop_target(h.run.checkpoint_steps(), before)
+        inputs = event.rule in INPUT_RULES
+        ending = h.run.latest_checkpoint() if inputs else h.guard.policy.stop_target(h.run.checkpoint_steps(), before)
         plan = None
         if ending is not None:
             if h.rollouts is not None:
                 h.rollouts.stop()
             plan = h.run.plan_set_aside(ending, f"stop-at-step-{event.step}")
             message += f"; the run ends on the checkpoint of step {ending}"
+            if inputs:
+                message += " (the newest: the weights are not at fault)"
             if plan.moving:
                 message += f" (the checkpoints of steps {list(plan.moving)} are kept in {h.run.undone / plan.name})"
             values["ended_on"] = float(ending)
@@ -241,16 +288,18 @@ class Recovery:
         stop = Event(event.step, "stop", event.rule, message, values)
         record = stop.record(h.guard.rollbacks)
         log_events([stop])
-        h.run.record_stop(self.argv, record, advice(stop.rule))  # the same command again refuses from here on
+        passing = passing_stop(stop)
+        # the same command again refuses from here on, unless the fault passes
+        h.run.record_stop(self.argv, record, advice(stop.rule, passing), transient=passing)
         if plan is not None:
             h.run.carry_out(plan, record)  # recorded first, then moved
         else:
             h.run.record_events([record])
         reason = f"stopped by the health guard ({event.rule} at step {event.step})"
         h.run.record_final(ending, reason, h.config.save_hf, at_step=event.step)
-        if ending is not None:
+        if ending is not None and stop.rule != "disk_full":  # a full disk could not take the engines' copy
             self.serve_checkpoint(ending)
-        raise RunStopped(f"{stop.message} (to go on: {advice(stop.rule)})")
+        raise RunStopped(f"{stop.message} (to go on: {advice(stop.rule, passing)})")
 
     def follow_remedy(self, step: int) -> None:
         """The learning rate of the rollbacks still recent at `step`: lowered by each, restored as they age out of
@@ -360,8 +409,9 @@ class Recovery:
 
 
 def log_events(events: list[Event]) -> None:
-    for event in events:  # a watch needs nothing from the user: information, not a warning
-        log = logger.info if event.action == "watch" else logger.warning
+    # a watch needs nothing from the user, nor does a probe's result (an engine that disagrees is restarted, a warning)
+    for event in events:
+        log = logger.info if event.action in ("watch", "probe") else logger.warning
         log("health %s (%s): %s", event.action, event.rule, event.message)
 
 
@@ -371,8 +421,10 @@ def first_rollback(events: list[Event]) -> Event | None:
 
 def event_counts(events, guard, step: int) -> dict[str, float]:
     """Every kind of decision of the step, counted in its record, and the rollbacks done and still recent."""
-    # a watch comes from a held-out evaluation, recorded under the version it evaluated, never from a step
-    counts = {f"health/{a}s": float(sum(e.action == a for e in events)) for a in ACTIONS if a != "watch"}
+    # a watch comes from a held-out evaluation, recorded under the version it evaluated, never from a step; a probe and
+    # an engine's restart follow the step's record (health.engine_check): lines of health.jsonl, not counts
+    uncounted = ("watch", "probe", "restart_engine")
+    counts = {f"health/{a}s": float(sum(e.action == a for e in events)) for a in ACTIONS if a not in uncounted}
     return {
         **counts,
         "health/rollbacks": float(guard.rollbacks),

@@ -3,7 +3,8 @@ should see when there are too many to list.
 
     healthy                                        no event
     healthy; watched N held-out falls, first: MESSAGE   falls the guard waited on without acting
-    warned at step k: RULE (M warnings, R refused updates, S skipped steps); first: MESSAGE
+    warned at step k: RULE (M warnings, R refused updates, S skipped steps[; paused P times for faults that passed]);
+        first: MESSAGE
     rolled back N times; last at step k: RULE: MESSAGE
     stopped at step k: MESSAGE
 
@@ -88,10 +89,11 @@ def situation_line(events: list[dict[str, Any]]) -> str:
     if not events:
         return "healthy"
     first = events[0]
-    counts = {action: sum(e.get("action") == action for e in events) for action in ("warn", "refuse", "skip")}
+    counts = {action: sum(e.get("action") == action for e in events) for action in ("warn", "refuse", "skip", "pause")}
+    paused = f"; paused {counts['pause']} times for faults that passed" if counts["pause"] else ""
     return (
         f"warned at step {first['step']}: {first['rule']} ({counts['warn']} warnings, {counts['refuse']} refused "
-        f"updates, {counts['skip']} skipped steps); first: {shorten(first['message'])}"
+        f"updates, {counts['skip']} skipped steps{paused}); first: {shorten(first['message'])}"
     )
 
 

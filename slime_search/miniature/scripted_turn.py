@@ -27,6 +27,11 @@ def first_stop(tokenizer, ids: list[int], stops: list[str], upto: int) -> tuple[
     return low, hit(low)
 
 
+def prompt_ids(tokenizer, body: dict) -> list[int]:
+    """The request's prompt as token ids: SGLang takes `input_ids` or a `text` it encodes itself."""
+    return body["input_ids"] if "input_ids" in body else tokenizer.encode(body["text"], add_special_tokens=False)
+
+
 def turn_response(tokenizer, text: str, body: dict, weight_version: str, log_prob) -> dict:
     """SGLang's /generate answer for a scripted turn: `text` encoded and cut where SGLang would stop decoding it, in
     SGLang's order per token (`Req.check_finished`): the length limit, then an end-of-turn token, then a stop
@@ -55,7 +60,7 @@ def turn_response(tokenizer, text: str, body: dict, weight_version: str, log_pro
         "meta_info": {
             "finish_reason": finish,
             "output_token_logprobs": [[log_prob(i), t, None] for i, t in enumerate(ids)],
-            "prompt_tokens": len(body["input_ids"]),
+            "prompt_tokens": len(prompt_ids(tokenizer, body)),
             "completion_tokens": len(ids),
             "weight_version": weight_version,
         },

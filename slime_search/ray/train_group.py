@@ -197,6 +197,9 @@ class TrainRank(WeightSyncRank):
     def compute_log_probs(self, samples) -> list[list[float]]:
         return self.actor.compute_log_probs(samples)
 
+    def sequence_log_probs(self, token_ids: list[int]) -> list[float]:
+        return self.actor.sequence_log_probs(token_ids)
+
     def train_step(self, samples, skip_above: float | None = None) -> dict[str, float]:
         return self.actor.train_step(samples, skip_above)
 
@@ -284,6 +287,12 @@ class RayTrainGroup:
     def compute_log_probs(self, shards: list[list[Any]]) -> list[list[list[float]]]:
         """Per data-parallel shard, the policy's log-probs (from the shard's first TP rank)."""
         return self._log_probs("compute_log_probs", shards)
+
+    def trainer_log_probs(self, token_ids: list[int]) -> list[float]:
+        """The actor's log-probs of token_ids[1:], each given the tokens before it, at temperature 1 (as an engine's
+        input log-probs are): the trainer's half of the probe of the engines. Every rank computes them (the
+        tensor-parallel ranks together); rank 0's answer."""
+        return self.on_all_ranks("sequence_log_probs", list(token_ids))[0]
 
     def compute_ref_log_probs(self, shards: list[list[Any]]) -> list[list[list[float]]]:
         """Per data-parallel shard, the reference model's log-probs."""

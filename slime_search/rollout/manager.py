@@ -58,9 +58,21 @@ class RolloutBatch:
 
 def plugin_args_for(args: Any, engines) -> argparse.Namespace:
     """What the plugins receive as `args`: the parsed flags, one address for /generate (`engine_url`: the router in
-    front of several engines, or the one engine) and every engine's own (`engine_urls`, for a plugin that spreads its
-    trajectories over them); a new namespace: the parsed flags themselves are never changed."""
-    return argparse.Namespace(**{**vars(args), "engine_url": engines.url, "engine_urls": list(engines.worker_urls)})
+    front of several engines, or the one engine; also as slime's `sglang_router_ip` and `sglang_router_port`, which
+    slime's plugins read) and every engine's own (`engine_urls`, for a plugin that spreads its trajectories over
+    them); a new namespace: the parsed flags themselves are never changed."""
+    from urllib.parse import urlsplit
+
+    address = urlsplit(engines.url)
+    return argparse.Namespace(
+        **{
+            **vars(args),
+            "engine_url": engines.url,
+            "engine_urls": list(engines.worker_urls),
+            "sglang_router_ip": address.hostname,
+            "sglang_router_port": address.port,
+        }
+    )
 
 
 def counted(generate, clock: ActivityClock):
@@ -308,6 +320,21 @@ class RolloutManager:
         down = self.engines.find_down()
         self.engines.restart(down)
         return down
+
+    def restart_engine(self, url: str) -> None:
+        """Stop the engine at `url` and start it again on its address (not waited for: `wait_restarted_engines`), as
+        a dead one is; it serves the checkpoint it was started from until it is pushed the current weights. Raises
+        ValueError for an engine this run did not start."""
+        self.engines.restart([url])
+
+    def engine_log_probs(self, token_ids: list[int]) -> dict[str, list[float]]:
+        """Every engine's log-probs of token_ids[1:], each given the tokens before it (teacher-forced, temperature
+        1: EngineClient.input_log_probs), by engine address: the engines' half of the probe against the trainer."""
+        from slime_search.engines.client import call_engine, on_every_engine
+
+        urls = list(self.engines.worker_urls)
+        answers = asyncio.run(on_every_engine(urls, lambda url: call_engine(url, "input_log_probs", token_ids)))
+        return dict(zip(urls, answers, strict=True))
 
     def wait_restarted_engines(self) -> list[str]:
         """Wait until the restarted engines are ready; returns their addresses (they need the current weights)."""

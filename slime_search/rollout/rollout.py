@@ -3,8 +3,9 @@ without signal (with over-sampling to keep the batch full), and GRPO advantages 
 
 What the plugins return is checked before it can reach the loss: a sample whose engine log-probs are not finite, or
 whose reward is not a finite number (NaN, inf, None, a string) or whose reward plugin raised, becomes FAILED with the
-reason in its metadata (`finish_reason`, `error`) and leaves the loss, like a failed search; the driver decides, by
-rate, whether the step may train on the rest.
+reason in its metadata (`finish_reason`, `error`; for a plugin that raised, `error_kind`: whether the fault passes, a
+service timing out, or comes back, a bug: slime_search.utils.faults) and leaves the loss, like a failed search; the
+driver decides, by rate and kind, whether the step may train on the rest, waits the fault out, or stops.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from slime_search.algo import grpo_advantages
 from slime_search.rollout.data_source import DataSource, PromptItem
 from slime_search.types import Sample, Status
+from slime_search.utils.faults import TRANSIENT, error_kind
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +93,7 @@ async def score(args, sample: Sample, reward: RewardFn, key: str) -> None:
             "reward_error",
             f"reward plugin {plugin_name(reward)} raised on sample {sample.index}: {type(err).__name__}: {err}",
         )
+        sample.metadata["error_kind"] = error_kind(err)  # a service timing out passes; a bug in the plugin does not
         return
     problem = reward_problem(value, key)
     if problem is not None:
@@ -146,6 +149,13 @@ async def _one_sample(
 def has_signal(group: list[Sample], key: str) -> bool:
     rewards = {reward_value(s.reward, key) for s in group if s.trainable}
     return len(rewards) > 1
+
+
+def dropped_for_no_signal(group: list[Sample], key: str) -> bool:
+    """--filter-zero-std's test: a group whose rewards are all equal teaches nothing and makes room for another. A
+    group with a failed sample (a search or reward that failed) is kept whatever its rewards: its failures must reach
+    the health checks, or an outage would look like groups without signal and be refilled without end."""
+    return not has_signal(group, key) and not any(s.status is Status.FAILED for s in group)
 
 
 async def generate_rollout(
@@ -208,7 +218,7 @@ async def generate_rollout(
             # the engines have nothing to do.
             await asyncio.sleep(0)
         for group in await asyncio.gather(*tasks):
-            if config.filter_zero_std and not has_signal(list(group), config.reward_key):
+            if config.filter_zero_std and dropped_for_no_signal(list(group), config.reward_key):
                 dropped += 1
                 continue
             kept.append(list(group))
@@ -234,6 +244,9 @@ def batch_metrics(groups: list[list[Sample]], dropped: int, reward_key: str) -> 
         / max(1, dropped + len(groups)),
         "rollout/failed": float(sum(causes.values())),
         "rollout/reward_errors": float(causes["reward_error"]),
+        "rollout/reward_errors_transient": float(
+            sum(s.metadata.get("error_kind") == TRANSIENT for s in samples if s.status is Status.FAILED)
+        ),
         "rollout/nonfinite_log_probs": float(causes["nonfinite_logprob"]),
         "rollout/truncated": float(sum(s.status is Status.TRUNCATED for s in samples)),
         "rollout/truncation_rate": sum(s.status is Status.TRUNCATED for s in samples) / max(1, n),
@@ -271,12 +284,16 @@ def reward_key_means(samples: list[Sample], reward_key: str) -> dict[str, float]
 
 
 def first_errors(samples: list[Sample]) -> dict[str, str]:
-    """The first error message of each cause among the failed and aborted samples (finish_reason -> message)."""
+    """The first error message of each cause among the failed and aborted samples (finish_reason -> message); an error
+    of a fault that passes (a reward service timing out) under its cause with `_transient` added."""
     errors: dict[str, str] = {}
     for sample in samples:
         error = sample.metadata.get("error")
         if error and not sample.trainable:
-            errors.setdefault(str(sample.metadata.get("finish_reason", "error")), str(error))
+            cause = str(sample.metadata.get("finish_reason", "error"))
+            if sample.metadata.get("error_kind") == TRANSIENT:
+                cause += "_transient"
+            errors.setdefault(cause, str(error))
     return errors
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slime_search.rollout.data_source import DataSource, PromptItem
-from slime_search.rollout.rollout import RolloutConfig, _one_sample, has_signal
+from slime_search.rollout.rollout import RolloutConfig, _one_sample, dropped_for_no_signal
 from slime_search.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -295,7 +295,7 @@ class RolloutStream:
             self._poke()
             return
         with self._lock:
-            if config.filter_zero_std and not has_signal(samples, config.reward_key):
+            if config.filter_zero_std and dropped_for_no_signal(samples, config.reward_key):
                 del self._groups[group.number]
                 self._kept -= 1
                 self._dropped += 1

@@ -66,19 +66,38 @@ def test_a_nan_reward_stops_the_run_before_it_trains(tiny_checkpoint, tmp_path, 
     assert step["train/loss"] == step["train/loss"] and step["train/steps_applied"] == 1  # finite, applied
 
 
-def test_an_engine_serving_stale_weights_shows_as_a_log_prob_gap(tiny_checkpoint, tmp_path, task):
+def test_an_engine_serving_stale_weights_is_probed_restarted_and_stops_the_run_naming_it(
+    tiny_checkpoint, tmp_path, task
+):
+    """The CPU engine acknowledges version 2 on and keeps version 1's weights (also once restarted: the fault is in
+    its flags). Its gap shows at step 2; with --health-patience 1 the weights are pushed again at once, the engine is
+    probed against the actor, restarted, pushed and probed again, and the run stops naming it, on the newest
+    checkpoint."""
     command = tiny_train_command(
-        tiny_checkpoint, tmp_path, task, "--num-rollout", "3", "--lr", "1e-2", "--entropy-coef", "0.01",
-        "--cpu-engine-args", "--freeze-weights-after 1", "--health-max-logprob-gap", "1e-3",
+        tiny_checkpoint, tmp_path, task, "--num-rollout", "4", "--lr", "1e-2", "--entropy-coef", "0.01",
+        "--cpu-engine-args", "--freeze-weights-after 1", "--health-max-logprob-gap", "1e-3", "--health-patience", "1",
+        "--save-interval", "1",
     )  # fmt: skip
     result = run_training(command, tmp_path, "stale")
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = records(tmp_path / "run")
+    assert result.returncode == 3, result.stderr[-3000:]  # the guard's stop
+    run = tmp_path / "run"
+    steps = records(run)
     gaps = [s["health/logprob_gap_lag0"] for s in steps]
     # versions 0 and 1 are the weights the engine says; version 2 is claimed, version 1 served
-    assert gaps[0] < 1e-5 and gaps[1] < 1e-5 and gaps[2] > 1e-3
-    warned = [(e["step"], e["rule"]) for e in events(tmp_path / "run") if e["action"] == "warn"]
-    assert (2, "logprob_gap") in warned and all(step == 2 for step, rule in warned if rule == "logprob_gap")
+    assert len(gaps) == 3 and gaps[0] < 1e-5 and gaps[1] < 1e-5 and gaps[2] > 1e-3
+    acted = [(e["step"], e["action"], e["rule"]) for e in events(run) if e["action"] != "warn"]
+    assert acted == [
+        (2, "repush", "logprob_gap"),
+        (2, "probe", "engine_mismatch"),
+        (2, "restart_engine", "engine_mismatch"),
+        (2, "stop", "engine_mismatch"),
+    ], acted
+    probe, stop = events(run)[-3], events(run)[-1]
+    [url] = [key for key in probe["values"]]
+    assert probe["values"][url] > 1e-3 and stop["values"][url] > 1e-3 and url in stop["message"]
+    assert stop["values"]["ended_on"] == 2 and json.loads((run / "final.json").read_text())["step"] == 2
+    assert "check the engine the message names" in result.stderr
+    assert list(run.glob("engine.restart1.log"))  # the engine was started again
 
 
 def test_a_rollback_restores_the_start_halves_the_lr_and_a_resume_keeps_the_remedy(tiny_checkpoint, tmp_path, task):

@@ -100,6 +100,33 @@ def test_generate_answers_ids_log_probs_and_finish_reason(engine, tiny_checkpoin
     assert greedy == hf_argmax_path(tiny_checkpoint, PROMPT, greedy)
 
 
+def test_input_log_probs_are_teacher_forced_at_temperature_one_from_logprob_start_len(engine, tiny_checkpoint):
+    """What the probe of the engines against the trainer reads (EngineClient.input_log_probs): with logprob_start_len
+    0 and no token to generate, every input token's log-prob given those before it, the first one None; of the model's
+    own distribution whatever temperature the request samples at (SGLang 0.5.23 divides only sampled tokens' logits
+    by it)."""
+    body = {"return_logprob": True, "logprob_start_len": 0}
+    out = generate(engine, sampling_params={"max_new_tokens": 0, "temperature": 0.5}, **body)
+    meta = out["meta_info"]
+    entries = meta["input_token_logprobs"]
+    assert out["output_ids"] == [] and meta["finish_reason"] == {"type": "length", "length": 0}
+    assert meta["output_token_logprobs"] == [] and [token for _, token, _ in entries] == PROMPT
+    assert entries[0] == [None, PROMPT[0], None] and all(text is None for _, _, text in entries)
+    forced = hf_log_probs(tiny_checkpoint, PROMPT[:1], PROMPT[1:])  # temperature 1
+    assert max_difference([lp for lp, _, _ in entries[1:]], forced) < 1e-4
+    # from a later token: none for the first of the range, the same values after it
+    later = generate(engine, sampling_params={"max_new_tokens": 1}, return_logprob=True, logprob_start_len=5)
+    tail = later["meta_info"]["input_token_logprobs"]
+    assert tail[0] == [None, PROMPT[5], None] and max_difference([lp for lp, _, _ in tail[1:]], forced[5:]) < 1e-4
+    # by default none; beyond the prompt SGLang's 400
+    default = generate(engine, sampling_params={"max_new_tokens": 1}, return_logprob=True)["meta_info"]
+    assert default["input_token_logprobs"] == []
+    too_far = httpx.post(f"{engine}/generate", json={"input_ids": PROMPT, **body, "logprob_start_len": 50}, timeout=60)
+    assert too_far.status_code == 400
+    assert too_far.json()["error"]["message"].startswith("req.logprob_start_len=50 is higher than the number of input")
+    assert max_difference(asyncio.run(call_engine(engine, "input_log_probs", PROMPT)), forced) < 1e-4
+
+
 def hf_argmax_path(checkpoint, prompt: list[int], output: list[int]) -> list[int]:
     """The most likely next token at each position of `output` (teacher-forced): greedy decoding must follow it."""
     from transformers import AutoModelForCausalLM
@@ -126,6 +153,25 @@ def test_stop_strings_and_stop_tokens_end_with_the_stop_kept_in_ids_and_trimmed_
     assert stop_text not in by_text["text"] and by_text["output_ids"][-1] == stop_token
     kept_text = generate(engine, sampling_params={**greedy, "stop": [stop_text], "no_stop_trim": True})
     assert kept_text["text"].endswith(stop_text) and kept_text["output_ids"] == by_text["output_ids"]
+
+
+def test_a_text_prompt_with_slimes_sampling_params_is_answered_as_by_token_ids(engine, tiny_checkpoint):
+    """What a slime plugin sends (slime's generate_with_search): the prompt as text, with the sampling parameters
+    slime builds (GenerateState.sampling_params: no_stop_trim, skip_special_tokens and
+    spaces_between_special_tokens off, top_k -1, null stops)."""
+    from transformers import AutoTokenizer
+
+    slime_params = {
+        "temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 6, "stop": None, "stop_token_ids": None,
+        "skip_special_tokens": False, "no_stop_trim": True, "spaces_between_special_tokens": False,
+    }  # fmt: skip
+    text = AutoTokenizer.from_pretrained(tiny_checkpoint).decode(PROMPT)
+    body = {"text": text, "sampling_params": slime_params, "return_logprob": True}
+    by_text = httpx.post(f"{engine}/generate", json=body, timeout=300)
+    assert by_text.status_code == 200, by_text.text
+    out, by_ids = by_text.json(), generate(engine, sampling_params=slime_params, return_logprob=True)
+    assert out["output_ids"] == by_ids["output_ids"] and len(out["output_ids"]) == 6
+    assert out["meta_info"]["prompt_tokens"] == len(PROMPT) and isinstance(out["text"], str)
 
 
 def test_model_info_serves_the_weight_version_and_server_info_the_sglang_version(engine):

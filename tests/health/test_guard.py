@@ -49,17 +49,18 @@ def test_unusable_rewards_stop_the_run_above_their_rate_with_the_first_message()
     assert event.action == "warn"
 
 
-def test_a_step_whose_searches_failed_is_skipped_and_skips_in_a_row_stop_the_run():
+def test_a_step_whose_searches_failed_is_paused_not_skipped_and_does_not_count_as_a_skip():
     guard = HealthGuard(HealthConfig(max_search_failure_rate=0.05, max_skipped_steps=3))
     errors = {"search_error": "http://127.0.0.1:9/retrieve: search failed after 4 attempts"}
     failing = rollout(trainable=48, search_calls=16, search_failures=16)
-    for step in range(2):
-        [event] = guard.check_rollout(step, failing, errors)
-        assert event.action == "skip" and "16 of 16 search calls failed" in event.message
+    for now in (0.0, 15.0, 45.0):  # the step's rollout tried again after each wait (tests/health/test_passing_faults)
+        [event] = guard.check_rollout(2, failing, errors, now)
+        assert event.action == "pause" and "16 of 16 search calls failed" in event.message
         assert "127.0.0.1:9/retrieve" in event.message
-        guard.review(step, {**step_record(step), "health/step_skipped": 1.0})
-    [event] = guard.check_rollout(2, failing, errors)
-    assert event.action == "stop" and "3 steps in a row skipped" in event.message
+    assert guard.check_rollout(2, rollout(), {}, 60.0) == []  # the retriever is back: the step trains
+    guard.review(2, step_record(2))
+    [event] = guard.check_rollout(3, rollout(trainable=0), {"engine_error": "engine http://e:1 refused"})
+    assert event.action == "skip"  # the first skip in a row: the pauses were no skips
     # below the rate the step trains (a few failed searches are the retriever's ordinary weather)
     assert HealthGuard(HealthConfig()).check_rollout(0, rollout(search_calls=100, search_failures=3), {}) == []
 
@@ -115,11 +116,15 @@ def test_a_warning_that_holds_patience_steps_rolls_back_to_before_it_began():
 
 
 def test_a_condition_that_held_from_the_first_step_warns_but_never_rolls_back():
-    """A tiny random policy truncates every sample from step 0: there is no healthier state to go back to."""
+    """A tiny random policy truncates every sample from step 0: there is no healthier state to go back to. A
+    trainer-engine gap from step 0 is the engines' to answer for: pushed again and probed, never rolled back."""
     guard = HealthGuard(HealthConfig(patience=2))
+    flat = {"rollout/zero_std_group_share": 1.0}  # no group's rewards differ, from the start
+    assert [[e.action for e in guard.review(step, step_record(step, **flat))] for step in range(4)] == [["warn"]] * 4
+    engine = HealthGuard(HealthConfig(patience=2))
     gap = {"health/logprob_gap_lag0": 0.5}
-    actions = [[e.action for e in guard.review(step, step_record(step, **gap))] for step in range(4)]
-    assert actions == [["warn"]] * 4
+    actions = [[e.action for e in engine.review(step, step_record(step, **gap))] for step in range(4)]
+    assert actions == [["warn"], ["warn", "repush"], ["warn"], ["warn", "repush"]]
 
 
 def test_signals_beyond_their_bounds_warn():
@@ -191,6 +196,23 @@ def test_a_held_out_drop_is_watched_with_its_target_kept_then_rolled_back_when_i
     events = [recovering.review_eval(v, {"eval/score": s}) for v, s in evals]
     assert [[e.action for e in es] for es in events] == [[], ["watch"], [], ["watch"], ["rollback"]]
     assert HealthGuard(HealthConfig(eval_drop=0.2, eval_patience=1)).review_eval(0, {"eval/score": 0.9}) == []
+
+
+def test_any_rollback_while_a_held_out_fall_is_watched_goes_back_before_the_fall():
+    """Version 20 fell and is watched; a reward drop then calls for a rollback to before step 28. Its clean checkpoint
+    of step 25 lies inside the watched fall, so the rollback goes to 10, the last version within the margin."""
+    guard = HealthGuard(HealthConfig(eval_drop=0.2), reward_key="score")
+    for step in range(30):
+        guard.review(step, step_record(step))
+    for version, score in ((0, 0.1), (10, 0.9)):
+        guard.review_eval(version, {"eval/score": score})
+    checkpoints = [0, 10, 20, 25]
+    assert guard.rollback_target(checkpoints, 28) == 25  # no fall watched yet: the newest confirmed checkpoint
+    [event] = guard.review_eval(20, {"eval/score": 0.5})
+    assert event.action == "watch" and event.values["roll_back_before"] == 10
+    assert guard.rollback_target(checkpoints, 28) == 10
+    guard.review_eval(25, {"eval/score": 0.88})  # the fall recovered: the watch is over
+    assert guard.rollback_target(checkpoints, 28) == 25
 
 
 def test_a_held_out_fall_within_chance_is_no_fall_when_the_grades_pair_up():
@@ -433,20 +455,24 @@ GAP_ENDED_WELL = [0.0, 0.06, 0.14, 0.18, 0.16, 0.06, 0.21, 0.08]  # seed 2, repl
 GAP_ENDED_LOW = [0.0, 0.06, 0.21, 0.18, 0.2, 0.18, 0.15, 0.17]  # seed 0, replica 3: 0.718, 0.086 below
 
 
-def test_the_default_patience_spares_a_three_step_gap_and_rolls_back_a_lasting_one():
-    """With patience 3 (and no re-push) the first run was rolled back at step 4 and it would have ended level unaided;
-    the default (4) lets a gap that holds three steps pass as warnings and still rolls back the gap that lasts."""
+def test_asynchronous_runs_warn_only_on_the_tokens_of_the_weights_the_trainer_holds():
+    """Both runs' gaps are of tokens sampled one version back (lag 1): the policy moved since, no engine was wrong, and
+    the first run ended level with the synchronous one. Asynchronous modes read the tokens of version lag 0 only, so
+    neither warns; the same gaps on tokens the trainer's own weights sampled warn, are pushed again after
+    --health-patience steps and never rolled back (the probe of the engines answers them: health.engine_check)."""
 
-    def rollbacks(gaps, config):
+    def actions(gaps, key, config):
         guard, events = HealthGuard(config), []
         for step, gap in enumerate(gaps):
-            events += guard.review(step, step_record(step, **{"health/logprob_gap_lag1": gap}))
-        return [(e.step, e.rule) for e in events if e.action == "rollback"]
+            events += guard.review(step, step_record(step, **{key: gap}))
+        return [(e.step, e.action) for e in events]
 
-    assert HealthConfig().patience == 4
-    assert rollbacks(GAP_ENDED_WELL, HealthConfig()) == []
-    # a lasting gap is first answered by pushing the weights again: with patience 3 that spares the first run too
-    assert rollbacks(GAP_ENDED_WELL, HealthConfig(patience=3)) == []
-    # the second's gap held on 2 more steps after its re-push (step 5), the engines on the trainer's weights: the
-    # policy is rolled back to before the gap began
-    assert rollbacks(GAP_ENDED_LOW, HealthConfig())[0] == (7, "logprob_gap")
+    asynchronous = HealthConfig(synchronous=False)
+    assert HealthConfig().patience == 4 and HealthConfig().synchronous
+    assert actions(GAP_ENDED_WELL, "health/logprob_gap_lag1", asynchronous) == []
+    assert actions(GAP_ENDED_LOW, "health/logprob_gap_lag1", asynchronous) == []
+    current = actions(GAP_ENDED_LOW, "health/logprob_gap_lag0", asynchronous)
+    assert [step for step, action in current if action == "warn"] == [2, 3, 4, 5, 6, 7]
+    assert [(step, action) for step, action in current if action != "warn"] == [(5, "repush")]
+    # in synchronous mode every token is the current weights': the whole batch's gap speaks
+    assert actions(GAP_ENDED_LOW, "health/logprob_gap", HealthConfig()) == current

@@ -90,6 +90,27 @@ def test_groups_rewards_and_zero_std_filtering_with_oversampling():
     assert metrics["rollout/reward_mean"] == pytest.approx(0.25)
 
 
+def test_zero_std_filtering_keeps_groups_whose_searches_failed_so_the_health_checks_see_them():
+    """During a retriever outage every sample fails alike (reward 0 for all): such groups are not "without signal"
+    but broken, and must reach the step's search-failure count instead of being refilled round after round."""
+    from slime_search.rollout.sample_metrics import rollout_metrics
+
+    async def failing_generate(args, sample, sampling_params):
+        sample.tokens = [1, 2]
+        sample.status = Status.FAILED
+        sample.metadata["finish_reason"] = "search_error"
+        return sample
+
+    args = search_r1_args(n=4)
+    source = DataSource(DataConfig(path="mem"), rows=ROWS)
+    config = RolloutConfig(batch_size=2, n_samples_per_prompt=4, filter_zero_std=True)
+    groups, metrics = asyncio.run(generate_rollout(args, source, config, failing_generate, reward_func, {}))
+    assert len(groups) == 2 and metrics["rollout/groups_dropped_zero_std"] == 0.0
+    samples = [s for g in groups for s in g]
+    assert rollout_metrics(samples)["rollout/search_failures"] == 8.0  # what the guard's pause reads
+    assert source.take(1)[0].index == 2  # one round: the outage's groups were not refilled
+
+
 def test_each_trajectory_gets_a_sampling_seed_of_its_own_from_the_runs_base():
     """The engines see one seed per trajectory, derived from --rollout-seed and the sample's index (unique over the
     run): its draws then do not depend on how requests are batched. Greedy (evaluation) parameters carry none."""
@@ -214,7 +235,10 @@ def test_a_bad_reward_fails_its_sample_and_never_reaches_the_advantages(bad, say
     assert len(trainable) == 7 and all(s.metadata["advantage"] == s.metadata["advantage"] for s in trainable)
     from slime_search.rollout.rollout import first_errors
 
-    assert says in first_errors(samples)["reward_error"]
+    # a plugin that timed out failed for a fault that passes (the driver waits it out), the others for good
+    passing = isinstance(bad, TimeoutError)
+    assert says in first_errors(samples)["reward_error_transient" if passing else "reward_error"]
+    assert metrics["rollout/reward_errors_transient"] == float(passing)
 
 
 def test_non_finite_engine_log_probs_fail_the_sample_before_the_reward():

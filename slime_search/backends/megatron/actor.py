@@ -9,7 +9,7 @@ Megatron DDP and steps the optimizer once.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -201,6 +201,14 @@ class MegatronActor:
         """Per-sample response log-probs at the rollout temperature (the old policy's, before a step)."""
         self.model.eval()
         return packed_log_probs(self.model, self.layout, samples, self.config)
+
+    def sequence_log_probs(self, token_ids: list[int]) -> list[float]:
+        """The policy's log-probs of token_ids[1:], each given the tokens before it, at temperature 1: what an engine
+        answers for its input tokens (the probe of the engines against the trainer), one packed sample."""
+        self.model.eval()
+        sample = TrainSample(list(token_ids), len(token_ids) - 1, [1] * (len(token_ids) - 1))
+        model_own = replace(self.config, loss=replace(self.config.loss, temperature=1.0))
+        return packed_log_probs(self.model, self.layout, [sample], model_own)[0]
 
     # ---- training -----------------------------------------------------------------------------------------
     def train_step(self, samples: list[TrainSample], skip_above: float | None = None) -> dict[str, float]:

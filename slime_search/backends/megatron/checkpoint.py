@@ -4,21 +4,29 @@ A checkpoint directory holds `iter_XXXXXXX/` folders and `latest_checkpointed_it
 slime lay them out. torch_dist stores each tensor with its global shape, so a checkpoint saved at one
 tensor-parallel size loads at another. A save writes everything into `iter_XXXXXXX.partial/` (the model first, into
 an empty folder, as Megatron's saver expects), renames it into place, and writes the tracker file last: a crash
-mid-save leaves at most a partial folder, which the next save replaces and no load ever reads. Beside the model, an
+mid-save leaves at most a partial folder, which the next save replaces and no load ever reads; a save that fails on any
+rank (a --save disk that is full: ENOSPC, EDQUOT) fails on every rank, after the partial folder is removed, with the
+earlier checkpoints and the tracker as they were (`_write_all`: no rank is left waiting in a collective the others
+never reach). Beside the model, an
 actor's checkpoint holds the optimizer state once per tensor-parallel slice (`optimizer_tpNN.pt`) and each rank's
 RNG state (`rng_rankNNNNN.pt`); the size of one is `checkpoint_size.checkpoint_bytes`.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+
+from slime_search.utils.faults import disk_full_error
 
 logger = logging.getLogger(__name__)
 
 TRACKER = "latest_checkpointed_iteration.txt"
+SAVED, DISK_FULL, FAILED = 0, 1, 2  # a save's outcome on a rank, agreed over all of them (the worst one)
 
 
 def iteration_dir(root: str | Path, iteration: int) -> Path:
@@ -86,32 +94,101 @@ def _start_save(root: str | Path, iteration: int) -> Path:
     import torch.distributed as dist
 
     folder = partial_dir(root, iteration)
-    if dist.get_rank() == 0:
-        if folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-    dist.barrier()
+
+    def make_folder() -> None:
+        if dist.get_rank() == 0:
+            if folder.exists():
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+
+    _write_all(root, iteration, make_folder)
     return folder
 
 
 def _finish_save(root: str | Path, iteration: int, extra_files: dict[str, str] | None = None) -> Path:
-    """Collective: rank 0 adds `extra_files` (name -> text), renames the folder into place, then writes the tracker."""
+    """Collective: rank 0 adds `extra_files` (name -> text), renames the folder into place, then the tracker. The
+    tracker's new text is written before the rename and moved into place after it (a rename needs no room): a disk
+    that fills up here fails the save with nothing renamed."""
     import torch.distributed as dist
 
     dist.barrier()  # every rank's files are in the partial folder
     final = iteration_dir(root, iteration)
-    if dist.get_rank() == 0:
+
+    def put_in_place() -> None:
+        if dist.get_rank() != 0:
+            return
         partial = partial_dir(root, iteration)
         for name, text in (extra_files or {}).items():
             (partial / name).write_text(text)
+        tmp = Path(root) / (TRACKER + ".tmp")
+        tmp.write_text(str(iteration))
         if final.exists():
             shutil.rmtree(final)
         partial.rename(final)
-        tmp = Path(root) / (TRACKER + ".tmp")
-        tmp.write_text(str(iteration))
         os.replace(tmp, Path(root) / TRACKER)
-    dist.barrier()
+
+    _write_all(root, iteration, put_in_place)
     return final
+
+
+def _write_all(root: str | Path, iteration: int, write: Callable[[], None]) -> None:
+    """Collective: `write()`, this rank's part of the save of `iteration`, then every rank's outcome agreed. When it
+    failed anywhere, the partial folder is removed and every rank raises: OSError ENOSPC for a disk that was full
+    (on this rank or another), the rank's own error, or a RuntimeError naming the failure of another rank."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import CheckpointException
+
+    failure = None
+    try:
+        write()
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - every rank must reach the agreement below
+        failure = err
+    full = None if failure is None else _full_disk(failure, root)
+    outcome = _agreed_outcome(SAVED if failure is None else DISK_FULL if full is not None else FAILED)
+    if outcome == SAVED:
+        return
+    if dist.get_rank() == 0:
+        shutil.rmtree(partial_dir(root, iteration), ignore_errors=True)
+    dist.barrier()
+    if outcome == DISK_FULL:
+        code = full.errno if full is not None else errno.ENOSPC
+        where = f" ({full.strerror})" if full is not None else " (on another rank)"
+        raise OSError(code, f"{os.strerror(code)} writing the checkpoint of iteration {iteration} in {root}{where}")
+    if isinstance(failure, Exception):
+        raise failure
+    if failure is not None:  # torch's CheckpointException is a BaseException: raised on as an ordinary error
+        raise RuntimeError(str(failure)) from failure
+    raise RuntimeError(f"the save of iteration {iteration} in {root} failed on another rank")
+
+
+NEARLY_FULL_BYTES = 64 << 20  # a save that failed with less free space on its disk failed for lack of it
+
+
+def _full_disk(failure: BaseException, root: str | Path) -> OSError | None:
+    """The full disk behind a failed write: an OSError ENOSPC or EDQUOT along the error's causes, or, when the error
+    says nothing of its cause, a disk with less than NEARLY_FULL_BYTES free (checked before the partial folder goes):
+    torch's C++ writer, which the torch_dist shards and `torch.save` to a path go through, reports a full disk as
+    "unexpected pos 704 vs 598" or "basic_ios::clear: iostream error", without an errno (seen on a full tmpfs)."""
+    full = disk_full_error(failure)
+    if full is not None:
+        return full
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return None
+    if free >= NEARLY_FULL_BYTES:
+        return None
+    return OSError(errno.ENOSPC, f"{free / 2**20:.0f} MiB free after: {type(failure).__name__}: {failure}"[:300])
+
+
+def _agreed_outcome(mine: int) -> int:
+    """Collective: the worst outcome of every rank's part of a save (SAVED, DISK_FULL, FAILED)."""
+    import torch
+    import torch.distributed as dist
+
+    outcome = torch.tensor([mine], dtype=torch.int32, device=_this_device())
+    dist.all_reduce(outcome, op=dist.ReduceOp.MAX)
+    return int(outcome.item())
 
 
 def _write_results_in_process() -> None:
@@ -137,7 +214,8 @@ def _save_model_files(model, folder: Path) -> None:
 
 def save_model(model, root: str | Path, iteration: int) -> Path:
     """Collective: every rank calls it. A model-only checkpoint; returns the iteration folder."""
-    _save_model_files(model, _start_save(root, iteration))
+    folder = _start_save(root, iteration)
+    _write_all(root, iteration, lambda: _save_model_files(model, folder))
     return _finish_save(root, iteration)
 
 
@@ -240,19 +318,35 @@ def save_actor(actor, root: str | Path, iteration: int, extra_files: dict[str, s
     """Collective. Model (torch_dist, reshardable), optimizer state (once per tensor-parallel slice, by its first
     data-parallel rank: resumes at the same TP size, any DP size) and RNG state (per rank), and `extra_files` (name ->
     text, written by rank 0; the run's rollout state) in one iteration folder that appears complete or not at all."""
-    import torch
     from megatron.core import parallel_state
 
     folder = _start_save(root, iteration)
-    _save_model_files(actor.model.module, folder)
-    if hasattr(actor.optimizer, "state_dict"):
-        state = actor.optimizer.state_dict()  # on every rank: references, no copy; refused alike where unsupported
-        if parallel_state.get_data_parallel_rank() == 0:
-            tp = parallel_state.get_tensor_model_parallel_world_size()
-            saved = {"tensor_parallel_size": tp, "optimizer": state}
-            torch.save(saved, folder / optimizer_file(parallel_state.get_tensor_model_parallel_rank()))
-    torch.save(rng_state(), folder / _rng_name())
+
+    def write() -> None:
+        # a shard that fails to write fails the save on every rank (torch_dist agrees on it); the one file it writes
+        # before agreeing on anything, rank 0's common state, meets a full disk only where the driver's check of the
+        # room before the save (RunHandles.save) did not see it coming
+        _save_model_files(actor.model.module, folder)
+        if hasattr(actor.optimizer, "state_dict"):
+            state = actor.optimizer.state_dict()  # on every rank: references, no copy; refused alike where unsupported
+            if parallel_state.get_data_parallel_rank() == 0:
+                tp = parallel_state.get_tensor_model_parallel_world_size()
+                saved = {"tensor_parallel_size": tp, "optimizer": state}
+                _torch_save(saved, folder / optimizer_file(parallel_state.get_tensor_model_parallel_rank()))
+        _torch_save(rng_state(), folder / _rng_name())
+
+    _write_all(root, iteration, write)
     return _finish_save(root, iteration, extra_files)
+
+
+def _torch_save(obj, path: Path) -> None:
+    """torch.save through a Python file: a disk that fills up raises OSError ENOSPC then. Given a path, torch writes
+    with its own C++ stream, and a full disk raises RuntimeError("basic_ios::clear: iostream error"), which says
+    nothing of the cause (seen on a full tmpfs)."""
+    import torch
+
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)
 
 
 def _this_device():

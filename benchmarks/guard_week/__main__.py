@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.guard_week.run import main
+
+sys.exit(main())

@@ -1,0 +1,108 @@
+"""Faults that pass, waited out by the driver: a step's rollout whose searches or rewards failed for one (the retriever
+down, a reward service timing out) is done again, and a checkpoint the --save disk had no room for is saved again, each
+after the wait the guard's pause names (health.rules.inputs: 15 s doubling to 5 minutes, --health-max-outage-hours of
+one fault in all, then a stop). Every wait goes through the run's clock (`RunHandles.clock`), so a simulation runs an
+outage in no time.
+
+The data position: each try draws fresh prompts, and those of a failed try's batch are passed over, as a skipped
+step's are (a fault that only some inputs meet, a query that crashes the retriever, is then not met again and again;
+the step count does not move, so the run still trains --num-rollout steps). With a stream (--async-mode one-step or
+fully) the stream is stopped while the run waits: what is in flight is cancelled (it would fail too), and the prompts
+it had taken but not handed to the trainer are given back, so the restarted stream generates them again under the
+weights the engines serve. A stream left running through the wait would deadlock: its admission counts the batches
+taken against the versions pushed, and no version is pushed while a step is being redone.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+from slime_search.health.rules.inputs import RETRY_IN
+from slime_search.utils.faults import disk_full_error
+
+logger = logging.getLogger(__name__)
+
+
+def usable_rollout(h, recovery, step: int):
+    """The step's batch, the guard's events on it (reported: a stop ends the run here) and the seconds spent waiting
+    out passing faults before it came (the pauses' events come first in the list)."""
+    import ray
+
+    pauses, paused_s = [], 0.0
+    while True:
+        batch = h.rollouts.next_batch(step, h.config.log_rollout_examples)
+        events = recovery.report(h.guard.check_rollout(step, batch.metrics, batch.errors, h.clock.now()))
+        pause = next((event for event in events if event.action == "pause"), None)
+        if pause is None:
+            return batch, [*pauses, *events], paused_s
+        pauses.append(pause)
+        data = ray.get(h.manager.state_dict.remote())  # with a stream: what it took and did not hand over, given back
+        h.rollouts.stop()
+        ray.get(h.manager.load_state_dict.remote(data))
+        paused_s += wait(h.clock, pause.values[RETRY_IN])
+        h.rollouts.start(step)  # the engines serve the weights of `step` steps
+
+
+def save_checkpoint(h, recovery, steps_done: int) -> None:
+    """`h.save(steps_done)`; when the --save disk has no room for it (ENOSPC, EDQUOT) the partial folder is removed
+    (the earlier checkpoints and the tracker were never touched), the run says how much room one checkpoint needs and
+    saves again after the guard's pause, until the disk takes it or --health-max-outage-hours have passed (a stop).
+    Any other error of the save propagates."""
+    while True:
+        try:
+            h.save(steps_done)
+        except Exception as err:
+            full = disk_full_error(err)
+            if full is None:
+                raise
+            remove_partial(h.run.checkpoints, steps_done)
+            [event] = h.guard.check_save(steps_done, disk_full_message(h, full), h.clock.now())
+            report_on_full_disk(recovery, event)
+            wait(h.clock, event.values[RETRY_IN])
+            continue
+        h.guard.check_save(steps_done, None)
+        return
+
+
+def wait(clock, seconds: float) -> float:
+    """Sleep `seconds` on `clock`; returns the seconds that passed on it."""
+    started = clock.now()
+    clock.sleep(seconds)
+    return clock.now() - started
+
+
+def remove_partial(root, steps_done: int) -> None:
+    """The folder a failed save left (the actor's ranks remove it too; this covers a rank that could not)."""
+    from slime_search.backends.megatron.checkpoint import partial_dir
+
+    shutil.rmtree(partial_dir(root, steps_done), ignore_errors=True)
+
+
+def free_bytes(path) -> int:
+    """Bytes free on the disk of `path` (its nearest existing parent)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def disk_full_message(h, full: OSError) -> str:
+    """What the user reads: the --save disk, the error, the room one checkpoint needs and the room there is."""
+    needs = getattr(h, "checkpoint_bytes", None)
+    free = free_bytes(h.run.checkpoints)
+    room = f"one checkpoint needs {needs / 1e9:.1f} GB, " if needs else ""
+    return (
+        f"the disk of --save {h.run.path} has no room for it ({full.strerror or full}); {room}{free / 1e9:.1f} GB are "
+        f"free there: free space on that disk, or keep fewer checkpoints (a lower --keep-checkpoints)"
+    )
+
+
+def report_on_full_disk(recovery, event) -> None:
+    """The pause (or stop) recorded like every event; on a disk so full that not even the line of RUN/health.jsonl
+    fits, a pause is logged only (the wait goes on: the line is not what the run waits for)."""
+    try:
+        recovery.report([event])
+    except OSError as err:
+        if event.action == "stop" or disk_full_error(err) is None:
+            raise
+        logger.warning("health pause (%s): %s (not recorded: %s)", event.rule, event.message, err.strerror)
