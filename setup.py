@@ -69,6 +69,7 @@ setup(
     description="Search-R1 style RL (GRPO + TIS) for LLMs that reason and call a search engine",
     python_requires=">=3.11",
     packages=find_packages(include=["slime_search*", "megatron_bridge*", "local_dense_retriever*"]),
+    package_data={"slime_search.compat": ["slime_flags.toml"]},  # slime's flags and their answers, read at start-up
     install_requires=CORE,
     extras_require={"cpu": CPU, "gpu": GPU, "dev": DEV},
 )

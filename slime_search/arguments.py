@@ -8,7 +8,9 @@ the engines' address added by the RolloutManager on a copy. Argument groups are 
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
+from slime_search.compat.flags import add_slime_flags, apply_slime_flags, no_save_hf_path, unknown_flags_message
 from slime_search.evaluation.flags import add_evaluation_arguments
 from slime_search.evaluation.subsets import add_eval_subset_arguments
 from slime_search.health.config import add_health_arguments, health_config
@@ -169,6 +171,15 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--tis-clip-low", type=non_negative_float, default=0.0, help="lower clamp of the TIS weights (0: none)"
     )
+    g.add_argument(
+        "--custom-tis-function-path",
+        default=None,
+        help="module.function in place of vanilla TIS, with --use-tis (slime's): called on every micro-batch as "
+        "fn(args, pg_loss=..., train_log_probs=[...], rollout_log_probs=[...], loss_masks=[...], total_lengths=[...], "
+        "response_lengths=[...]) -> (weighted pg_loss, masks, metrics); tokens its masks take out leave the loss, its "
+        "metrics are logged as train/NAME. slime's TIS/MIS helper: examples.train_infer_mismatch_helper.mis."
+        "compute_mis_weights_with_cp with --custom-config-path .../mis.yaml",
+    )
     from slime_search.algo.importance import IS_LEVELS, IS_MODES
 
     g.add_argument(
@@ -271,7 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--save-hf",
-        action="store_true",
+        nargs="?",
+        const=True,
+        default=False,
+        type=no_save_hf_path,
         help="also write each checkpoint's weights as an HF folder (SAVE/hf/step_N: weights, config, tokenizer), "
         "kept and pruned with its checkpoint",
     )
@@ -422,15 +436,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_health_arguments(parser)
     add_search_r1_arguments(parser)
     add_model_arguments(parser, required=False)
+    add_slime_flags(parser)
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse and validate: a value or a combination that cannot work is a usage error naming the flag (exit code 2)
-    before anything starts. Nothing is derived or changed here (that is `run_config`'s)."""
+    before anything starts. Nothing is derived or changed here (that is `run_config`'s), but for the keys of
+    --custom-config-path, merged first (slime's semantics) so that the checks see them."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_or_exit(parser, args, check_flags, check_engine_flags, check_plugins)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        parser.error(unknown_flags_message(extras))
+    check_or_exit(parser, args, partial(apply_slime_flags, parser), check_flags, check_engine_flags, check_plugins)
     return args
 
 
@@ -502,6 +520,17 @@ def check_importance_weights(args: argparse.Namespace) -> None:
         if lower >= args.mis_upper:
             given = f"{lower:g}" if args.mis_lower is not None else f"(by default 1 / --mis-upper = {lower:g})"
             raise ValueError(f"--mis-lower {given} must be below --mis-upper {args.mis_upper:g}")
+    if args.custom_tis_function_path is not None:  # slime calls it in the place of vanilla TIS, in the policy loss
+        from slime_search.plugins import load_function
+
+        if not args.use_tis:
+            raise ValueError(
+                "--custom-tis-function-path takes the place of vanilla TIS, as in slime: add --use-tis (slime's "
+                "mis.yaml sets use_tis: true through --custom-config-path)"
+            )
+        if args.loss_type != "policy_loss":
+            raise ValueError("--custom-tis-function-path weights the policy loss: use --loss-type policy_loss")
+        load_function(args.custom_tis_function_path)
     if (args.use_tis or args.use_mis) and args.rollout_top_p < 1:
         # The engine samples from the nucleus, renormalised; the trainer's log-probs are over the full vocabulary.
         raise ValueError(

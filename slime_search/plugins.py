@@ -11,6 +11,10 @@ The rollout plugins keep slime's signatures: `async def generate(args, sample, s
 - `def preflight(args) -> None`: called by the CLI after parsing, before Ray starts and the models load; it checks
   that the services the plugin needs answer (a retriever, an API key) and raises RuntimeError naming the address and
   what failed.
+
+Plugins written against slime itself (importing `slime.utils.types.Sample`, `GenerateState`, `http_utils.post`) load
+too: without slime installed, `slime` is served by slime_search.compat (a real slime is never shadowed), and such
+plugins get slime's samples at the boundary (slime_search.compat.boundary).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+from slime_search.compat import finder
 
 END_OF_ROLLOUT_HOOK = "close_resources"
 CHECK_ARGS_HOOK = "check_args"
@@ -34,6 +40,7 @@ def load_function(path: str) -> Callable[..., Any]:
     if not isinstance(path, str) or "." not in path.strip(".") or path.startswith(".") or path.endswith("."):
         raise PluginLoadError(f"expected a dotted path like 'package.module.function', got {path!r}")
     module_name, _, attr = path.rpartition(".")
+    finder.install()  # a plugin written against slime finds slime's plugin API even where slime is not installed
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
@@ -96,4 +103,6 @@ class Plugins:
         hook = getattr(importlib.import_module(module_name), END_OF_ROLLOUT_HOOK, None)
         if hook is not None and not callable(hook):
             raise PluginLoadError(f"{module_name}.{END_OF_ROLLOUT_HOOK} must be an async function")
-        return cls(generate, reward, hook or _nothing_to_close)
+        from slime_search.compat.boundary import adapt_plugins
+
+        return cls(*adapt_plugins(generate, reward, hook or _nothing_to_close))

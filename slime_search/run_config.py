@@ -37,9 +37,12 @@ def model_source(args: argparse.Namespace):
 
 
 def importance_weights(args: argparse.Namespace):
-    """LossConfig's (use_tis, mis): vanilla TIS, the general form (--use-mis), or neither."""
+    """LossConfig's (use_tis, mis): vanilla TIS, the general form (--use-mis), or neither (also when a custom TIS
+    function takes vanilla TIS's place: `custom_tis`)."""
     from slime_search.algo.importance import ISConfig
 
+    if args.custom_tis_function_path is not None:
+        return False, None
     if args.use_mis:
         return False, ISConfig(
             level=args.mis_level,
@@ -53,6 +56,13 @@ def importance_weights(args: argparse.Namespace):
         # slime's clamp(w, --tis-clip-low, --tis-clip) per token is the general form at token level in clip mode
         return False, ISConfig(level="token", mode="clip", upper=args.tis_cap, lower=args.tis_clip_low)
     return args.use_tis, None
+
+
+def custom_tis(args: argparse.Namespace):
+    """--custom-tis-function-path with the flags it reads (slime passes its TIS function `args`), or None."""
+    from slime_search.backends.megatron.custom_tis import CustomTIS
+
+    return CustomTIS(args.custom_tis_function_path, args) if args.custom_tis_function_path is not None else None
 
 
 def lr_decay_iters(args: argparse.Namespace) -> int | None:
@@ -82,6 +92,7 @@ def actor_config(args: argparse.Namespace, vocab_size: int):
             use_tis=use_tis,
             tis_cap=args.tis_cap,
             mis=mis,
+            custom_tis=custom_tis(args),
             temperature=args.rollout_temperature,
             vocab_size=vocab_size,
         ),

@@ -13,8 +13,9 @@ PACKAGES = ("slime_search", "megatron_bridge", "local_dense_retriever", "benchma
 # Lowest first. A module may import its own layer and the ones below; the composition roots (the CLI, the driver,
 # the run folder, the report, evaluation, the miniature) sit above every stage; instruments and tools above all.
 LAYERS = (
-    ("slime_search.utils", "slime_search.types", "slime_search.plugins", "slime_search.algo", "slime_search.models",
-     "slime_search.metrics", "slime_search.evaluation", "megatron_bridge", "local_dense_retriever"),
+    ("slime_search.utils", "slime_search.types", "slime_search.plugins", "slime_search.compat", "slime_search.algo",
+     "slime_search.models", "slime_search.metrics", "slime_search.evaluation", "megatron_bridge",
+     "local_dense_retriever"),
     ("slime_search.engines", "slime_search.backends"),
     ("slime_search.weight_sync", "slime_search.rollout"),
     ("slime_search.ray",),

@@ -184,6 +184,8 @@ class MegatronActor:
         )
         self.optimizer = build_optimizer(self.model, config.optim, model.config.params_dtype)
         self.offloader = StorageOffloader()
+        # --custom-tis-function-path, loaded once in this rank's process (the config carries its path)
+        self.tis_function = config.loss.custom_tis.load() if config.loss.custom_tis is not None else None
 
     def offload(self) -> int:
         """Give back the memory of weights, gradients and optimizer state (--colocate); returns bytes. The gradients
@@ -232,7 +234,7 @@ class MegatronActor:
             packed = pack([s.tokens for s in batch], [s.response_length for s in batch], self.layout.multiple)
             logits = _forward(self.model, packed, self.layout)
             loss, metrics = micro_batch_loss(
-                logits, packed, batch, self.config.loss, num_tokens, num_sequences, is_normalizer
+                logits, packed, batch, self.config.loss, num_tokens, num_sequences, is_normalizer, self.tis_function
             )
             # DDP averages gradients over data-parallel ranks; the loss is already a global-batch sum.
             (loss * dp_size).backward()

@@ -7,7 +7,9 @@ position e with r response tokens reads logits[e - r - 1 : e - 1] against tokens
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -22,6 +24,7 @@ from slime_search.algo import (
     reduce_loss,
     vanilla_tis_weights,
 )
+from slime_search.backends.megatron.custom_tis import CustomTIS, call_tis_function
 from slime_search.backends.megatron.logprobs import entropy, token_log_probs
 from slime_search.backends.megatron.packing import PackedBatch
 from slime_search.types import TrainSample
@@ -43,6 +46,7 @@ class LossConfig:
     use_tis: bool = False  # vanilla TIS: clamp(exp(old - rollout), 0, tis_cap)
     tis_cap: float = 2.0
     mis: ISConfig | None = None  # the general form (levels, modes, rejection, veto, batch normalisation)
+    custom_tis: CustomTIS | None = None  # slime's --custom-tis-function-path, in place of vanilla TIS
     temperature: float = 1.0
     vocab_size: int | None = None  # the real vocabulary: Megatron's padding columns are excluded
 
@@ -57,6 +61,8 @@ class LossConfig:
             raise ValueError(f"unknown --loss-type {self.loss_type!r}; valid: {', '.join(LOSS_TYPES)}")
         if self.use_tis and self.mis is not None:
             raise ValueError("choose vanilla TIS (--use-tis) or the general MIS configuration, not both")
+        if self.custom_tis is not None and (self.use_tis or self.mis is not None or self.loss_type == "sft"):
+            raise ValueError("a custom TIS function takes the place of vanilla TIS and MIS, in the policy loss only")
 
 
 def local_batch_counts(samples: list[TrainSample], device: torch.device) -> torch.Tensor:
@@ -108,11 +114,13 @@ def micro_batch_loss(
     num_tokens: float,
     num_sequences: int,
     is_normalizer: torch.Tensor | None = None,
+    tis_function: Callable[..., Any] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss of this micro-batch normalised by the *global* token / sequence counts, so that summing the
     micro-batch losses of a step gives the loss of the whole batch; plus detached metric tensors.
 
     `is_normalizer`: the (sum, count) of MIS weights over the global batch, for batch normalisation.
+    `tis_function`: `config.custom_tis` loaded (CustomTIS.load), called on the micro-batch as slime's loss calls it.
     Every tensor built here (mask, advantages, old / rollout / reference log-probs) goes on the logits' device.
     """
     device = logits.device
@@ -136,8 +144,10 @@ def micro_batch_loss(
         if samples[0].rollout_log_probs is not None
         else None
     )
-    if (config.use_tis or config.mis is not None) and rollout is None:
+    if (config.use_tis or config.mis is not None or config.custom_tis is not None) and rollout is None:
         raise ValueError("rollout_log_probs missing for some samples (TIS/MIS need the engine's log-probs)")
+    if (config.custom_tis is None) != (tis_function is None):
+        raise ValueError("a custom TIS function goes with LossConfig.custom_tis: pass both or neither")
     advantages = expand_to_tokens(
         torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device), lengths
     )
@@ -157,6 +167,28 @@ def micro_batch_loss(
         result = compute_is_weights(old, rollout, mask, lengths, config.mis, normalize_with=is_normalizer)
         # Their statistics are the whole batch's, not sums of micro-batches': health.signals.importance_signals.
         per_token, pg_mask = per_token * result.weights, result.mask
+    elif tis_function is not None:
+        result = call_tis_function(
+            tis_function,
+            config.custom_tis.args,
+            pg_loss=per_token,
+            old_log_probs=old,
+            rollout_log_probs=rollout,
+            mask=mask,
+            response_lengths=lengths,
+            total_lengths=[len(s.tokens) for s in samples],
+        )
+        # slime's: the function's metrics, and the ratio to the old policy ("ois"), are over the tokens before its
+        # rejection; the policy loss and every term after it count only the tokens it kept, with the denominators
+        # from before (a rejected token leaves the sums, not the counts).
+        function_metrics = {name: mean(value) for name, value in result.metrics.items()}
+        function_metrics["ois"] = mean(pg.ratio)
+        kept = result.mask
+
+        def mean(x: torch.Tensor) -> torch.Tensor:
+            return reduce_loss(x * kept, mask, lengths, config.reduction, **reduce)
+
+        per_token = result.pg_loss * kept
     loss = reduce_loss(per_token, pg_mask, lengths, config.reduction, **reduce)
     metrics["pg_loss"] = loss.detach()
     metrics["pg_clipfrac"] = mean(pg.clipped)
@@ -182,4 +214,9 @@ def micro_batch_loss(
         loss = loss - config.entropy_coef * ent
     metrics["entropy"] = ent.detach()
     metrics["nonfinite_log_probs"] = (~torch.isfinite(log_probs.detach())).sum().float()
+    if tis_function is not None:
+        taken = sorted(set(function_metrics) & (set(metrics) | {"loss"}))
+        if taken:
+            raise ValueError(f"{config.custom_tis.path} returned metrics {taken}: names the loss reports itself")
+        metrics.update(function_metrics)
     return loss, metrics

@@ -1,0 +1,1 @@
+"""slime.backends: only what slime's plugins import of it."""

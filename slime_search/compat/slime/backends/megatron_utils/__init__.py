@@ -1,0 +1,1 @@
+"""slime.backends.megatron_utils: the context-parallel helpers slime's TIS/MIS helper imports."""

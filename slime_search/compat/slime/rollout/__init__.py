@@ -1,0 +1,1 @@
+"""slime.rollout: the generation state and the default generate function."""
