@@ -15,7 +15,7 @@ from slime_search.search_r1.search_clients import SerperConfig
 PROBE = {"queries": ["preflight"], "topk": 1, "return_scores": False}
 START_HINT = (
     "start it first (python local_dense_retriever/retrieval_server.py --index-path INDEX --corpus-path CORPUS; see "
-    "the README's Retriever section) or point --search-url at the /retrieve endpoint of a running one"
+    "docs/retriever.md) or point --search-url at the /retrieve endpoint of a running one"
 )
 
 
