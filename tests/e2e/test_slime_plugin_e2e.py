@@ -1,7 +1,7 @@
 """Three GRPO steps on CPU with slime's own Search-R1 plugin (examples/search-r1/generate_with_search.py at slime
 624b824, from ../shared/compat), given by slime's flags: the real retriever, the CPU engine, Megatron under Ray,
-weight sync by disk. slime is not installed; its plugin API comes from slime_search.compat. Then the same with slime's
-TIS/MIS helper in the loss (examples/train_infer_mismatch_helper: --custom-config-path mis.yaml
+weight sync by disk. slime is not installed; its plugin API comes from slime_search.compat. slime's TIS/MIS helper
+is in the loss (examples/train_infer_mismatch_helper: --custom-config-path mis.yaml
 --custom-tis-function-path ...mis.compute_mis_weights_with_cp), as slime's run script's commented lines give it."""
 
 import json
@@ -56,23 +56,6 @@ def train_with_slimes_plugin(checkpoint, tmp_path, *flags: str) -> list[dict]:
     return [r for r in records if "train/loss" in r]
 
 
-def test_grpo_steps_with_slimes_search_plugin(tiny_checkpoint, tmp_path):
-    train = train_with_slimes_plugin(tiny_checkpoint, tmp_path)
-    run = tmp_path / "run"
-    assert [r["weight_version"] for r in train] == [1, 2, 3]
-    assert [r["rollout/weight_version"] for r in train] == [0, 1, 2]
-    assert all(r["rollout/trainable"] == 4.0 and r["rollout/failed"] == 0.0 for r in train)
-    # the tokens and log-probs slime's plugin collected are the engine's: the trainer's log-probs of them agree
-    assert max(r["train/train_rollout_logprob_abs_diff"] for r in train) < 1e-3
-    before = load_weights(tiny_checkpoint / "model.safetensors")
-    after = load_weights(run / "weights" / "step_3" / "model.safetensors")
-    assert any(not torch.equal(before[k], after[k]) for k in before)
-    log = (run / "rollout_manager.log").read_text()
-    assert log.count("slime is not installed") == 1
-    examples = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
-    assert examples and all(e["segments"] and e["segments"][0][1] is True for e in examples)
-
-
 # What slime's helper logs with mis.yaml's settings (token TIS truncated at 2, token rejection, veto, batch
 # normalisation), under slime's names, and slime's ratio to the old policy.
 MIS_METRICS = (
@@ -83,13 +66,25 @@ MIS_METRICS = (
 )  # fmt: skip
 
 
-def test_grpo_steps_with_slimes_tis_helper_in_the_loss(tiny_checkpoint, tmp_path):
-    """slime's run script's TIS lines: mis.yaml's keys on the flags (use_tis: true among them), its
-    compute_mis_weights_with_cp called by every rank on every micro-batch; its metrics in every step's record."""
+def test_grpo_steps_with_slimes_search_plugin_and_tis_helper(tiny_checkpoint, tmp_path):
+    """slime's plugin trains (its samples reach the trainer as slime means them), and slime's run script's TIS lines
+    act: mis.yaml's keys on the flags (use_tis: true among them), its compute_mis_weights_with_cp called by every rank
+    on every micro-batch, its metrics in every step's record. One run for both: the set-up is the cost."""
     mis = ["--custom-config-path", str(MIS / "mis.yaml")]
     mis += ["--custom-tis-function-path", "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"]
     train = train_with_slimes_plugin(tiny_checkpoint, tmp_path, *mis)
+    run = tmp_path / "run"
     assert [r["weight_version"] for r in train] == [1, 2, 3]
+    assert [r["rollout/weight_version"] for r in train] == [0, 1, 2]
+    assert all(r["rollout/trainable"] == 4.0 and r["rollout/failed"] == 0.0 for r in train)
+    # the tokens and log-probs slime's plugin collected are the engine's: the trainer's log-probs of them agree
+    assert max(r["train/train_rollout_logprob_abs_diff"] for r in train) < 1e-3
+    before = load_weights(tiny_checkpoint / "model.safetensors")
+    after = load_weights(run / "weights" / "step_3" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert (run / "rollout_manager.log").read_text().count("slime is not installed") == 1
+    examples = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert examples and all(e["segments"] and e["segments"][0][1] is True for e in examples)
     for record in train:
         missing = [name for name in MIS_METRICS if name not in record]
         assert not missing, (record["step"], missing)
