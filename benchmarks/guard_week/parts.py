@@ -133,6 +133,7 @@ class SimManager:
             "rollout/samples": float(samples_n),
             "rollout/trainable": float(samples_n - bad),
             "rollout/reward_mean": float(kept.mean()) if kept.size else 0.0,
+            "rollout/reward_std": float(kept.std()) if kept.size else 0.0,
             "rollout/response_length_p90": 400.0 + rng.normal(0, 20),
             "rollout/truncation_rate": 0.05,
             "rollout/zero_std_group_share": float((rewards.min(axis=1) == rewards.max(axis=1)).mean()),

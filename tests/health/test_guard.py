@@ -119,7 +119,7 @@ def test_a_condition_that_held_from_the_first_step_warns_but_never_rolls_back():
     """A tiny random policy truncates every sample from step 0: there is no healthier state to go back to. A
     trainer-engine gap from step 0 is the engines' to answer for: pushed again and probed, never rolled back."""
     guard = HealthGuard(HealthConfig(patience=2))
-    flat = {"rollout/zero_std_group_share": 1.0}  # no group's rewards differ, from the start
+    flat = {"rollout/zero_std_group_share": 1.0, "rollout/reward_std": 0.0}  # every reward 0, from the start
     assert [[e.action for e in guard.review(step, step_record(step, **flat))] for step in range(4)] == [["warn"]] * 4
     engine = HealthGuard(HealthConfig(patience=2))
     gap = {"health/logprob_gap_lag0": 0.5}
@@ -137,7 +137,7 @@ def test_signals_beyond_their_bounds_warn():
         entropy=3.5,
         length=300.0,
         **{"health/logprob_gap_lag2p": 0.4, "health/is_capped_share": 0.3, "rollout/truncation_rate": 0.45},
-        **{"rollout/zero_std_group_share": 1.0, "train/logp_shift_pos": -0.8},
+        **{"rollout/zero_std_group_share": 1.0, "rollout/reward_std": 0.0, "train/logp_shift_pos": -0.8},
     )
     rules = {e.rule for e in guard.review(10, record)}
     assert rules == {
@@ -155,6 +155,23 @@ def test_signals_beyond_their_bounds_warn():
     assert not any(alternating.review(n, step_record(n, length=p90)) for n, p90 in enumerate(lengths))
     assert alternating.review(7, step_record(7, length=500.0, reward=0.4)) == []  # 2.5 x the median 200: not above
     assert [e.rule for e in alternating.review(8, step_record(8, length=600.0, reward=0.4))] == ["length_blowup"]
+
+
+def test_one_step_without_reward_signal_passes_and_a_constant_reward_or_a_second_such_step_warns():
+    def signal_less(step, std):
+        return step_record(step, **{"rollout/zero_std_group_share": 1.0, "rollout/reward_std": std})
+
+    # seed 8 of the miniature near its plateau: 7 prompts always right, one always wrong, once in 20 steps
+    guard = HealthGuard(HealthConfig())
+    for step in range(5):
+        guard.review(step, step_record(step, **{"rollout/zero_std_group_share": 0.5, "rollout/reward_std": 0.3}))
+    assert guard.review(5, signal_less(5, std=0.33)) == []
+    [second] = guard.review(6, signal_less(6, std=0.33))
+    assert second.rule == "no_reward_signal" and "two steps in a row" in second.message
+    # every sample rewarded alike: a constant reward warns at its first step
+    constant = HealthGuard(HealthConfig())
+    [event] = constant.review(0, signal_less(0, std=0.0))
+    assert event.rule == "no_reward_signal" and "a constant reward?" in event.message
 
 
 def test_a_reward_drop_rolls_back_to_before_the_newest_window_near_the_best():

@@ -14,7 +14,8 @@ from tests.health.test_guard import step_record
 
 def sft_record(step, **extra):
     """An SFT step: the demonstrator's samples (another model: a large gap), one sample per prompt (no group)."""
-    return step_record(step, **{"health/logprob_gap_lag0": 2.0, "rollout/zero_std_group_share": 1.0, **extra})
+    signal = {"rollout/zero_std_group_share": 1.0, "rollout/reward_std": 0.0}
+    return step_record(step, **{"health/logprob_gap_lag0": 2.0, **signal, **extra})
 
 
 def test_sft_steps_raise_no_engine_or_reward_warning():
