@@ -14,7 +14,7 @@ CORE = [
     "torch>=2.6",
     "megatron-core>=0.16,<0.17",
     "psutil",
-    "ray[default]>=2.40",  # [default]: the dashboard's job server, for `ray job submit` as slime's run script launches
+    "ray>=2.40",
     "bm25s>=0.2",
     "fastapi>=0.110",
     "uvicorn>=0.30",

@@ -28,7 +28,17 @@ from tests.e2e.test_train_e2e import prepare_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-RAY = str(Path(sys.executable).with_name("ray"))
+RAY = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
+
+
+def require_job_server() -> None:
+    """`ray job submit` needs the job server of `pip install "ray[default]"`; the minimal ray has none."""
+    from ray._private.utils import get_dashboard_dependency_error
+
+    if get_dashboard_dependency_error() is not None:
+        pytest.skip('ray job submit needs the job server: pip install "ray[default]"')
+
+
 SLEEPER = "import time; time.sleep(600)"  # another user's job on the same head
 
 
@@ -75,6 +85,8 @@ def ray_head(tmp_path):
     jobs' entrypoints run in the folder the head was started in. `--block` keeps its processes under one PID; they
     are stopped by that PID and its descendants' (all at once: the head alone waits ~30 s on its jobs' workers), never
     by `ray stop`, which stops every Ray on the machine."""
+    require_slime_files()
+    require_job_server()
     ray_tmp = Path(tempfile.mkdtemp(prefix="rj", dir="/tmp"))  # short: Ray's socket paths must fit
     gcs, dashboard, agent = free_port(), free_port(), free_port()
     log = tmp_path / "head.log"
