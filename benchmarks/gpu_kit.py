@@ -56,16 +56,30 @@ def imported_distributions(stderr: str) -> dict[str, str]:
     """The installed distributions (name -> version) whose modules a part imported, read from the import lines
     PYTHONPROFILEIMPORTTIME writes; the standard library and the checkout's own packages are left out."""
     owners = importlib.metadata.packages_distributions()
+    shipped: dict[str, set[str]] = {}  # distribution -> the module paths it installs, read once
     found = {}
     for line in stderr.splitlines():
         if not line.startswith(IMPORT_LINE):
             continue
-        top = line.rsplit("|", 1)[-1].strip().split(".")[0]
-        for name in owners.get(top, []):
+        module = line.rsplit("|", 1)[-1].strip()
+        candidates = owners.get(module.split(".")[0], [])
+        if len(candidates) > 1:  # a namespace (google, opentelemetry): only the distributions holding this module
+            candidates = [name for name in candidates if _ships(name, module, shipped)]
+        for name in candidates:
             if name not in found and name != "slime-search":
                 with contextlib.suppress(importlib.metadata.PackageNotFoundError):
                     found[name] = importlib.metadata.version(name)
     return dict(sorted(found.items()))
+
+
+def _ships(distribution: str, module: str, shipped: dict[str, set[str]]) -> bool:
+    """Whether `distribution` installs `module` (a package folder or a .py file of that dotted name)."""
+    if distribution not in shipped:
+        files = importlib.metadata.files(distribution) or []
+        shipped[distribution] = {str(path.parent).replace("/", ".") for path in files if path.suffix == ".py"} | {
+            str(path.with_suffix("")).replace("/", ".") for path in files if path.suffix == ".py"
+        }
+    return module in shipped[distribution]
 
 
 def run_part(name: str, argv: list[str], timeout_s: float) -> dict:

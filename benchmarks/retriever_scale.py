@@ -361,7 +361,7 @@ def growth_exponent(sizes: list[dict]) -> float:
 
 def extrapolate(result: dict, target: int, threads_here: int, cores: int) -> list[dict]:
     """Per setting: memory at `target` by formula and by the measured slope; latency at `target`, linear in N for Flat,
-    SQ and IVF at a fixed nlist, for HNSW the largest size's times grown by `growth_exponent`. On `cores`: the
+    SQ and IVF at a fixed nlist (proportional to N from the largest size where noise makes the fit fall), for HNSW the largest size's times grown by `growth_exponent`. On `cores`: the
     one-thread batch time divided by `cores` (a batch's queries, or Flat's matrix product, split over the cores;
     assumed, measured only from 1 to `threads_here` threads). A lone query runs on one thread in faiss, so its time
     does not shrink with cores."""
@@ -377,7 +377,11 @@ def extrapolate(result: dict, target: int, threads_here: int, cores: int) -> lis
         if exponent is not None:
             return values[-1] * (target / ns[-1]) ** exponent
         intercept, slope = fit_linear(ns, values)
-        return intercept + slope * target
+        fitted = intercept + slope * target
+        if slope > 0 and fitted >= values[-1]:
+            return fitted
+        # the machine's other load outweighed the growth (a smaller size timed slower): proportional to N instead
+        return values[-1] * target / ns[-1]
 
     rows = []
     for position, setting in enumerate(sizes[-1]["settings"]):

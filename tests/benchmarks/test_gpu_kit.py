@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks.gpu_kit import PARTS, plan, run_part
+from benchmarks.gpu_kit import PARTS, imported_distributions, plan, run_part
 from benchmarks.gpu_kit_ipc import flatten_bucket, unflatten_bucket
 from benchmarks.gpu_kit_report import _short_error, markdown
 from benchmarks.gpu_kit_shared import fingerprint, recipe_on_one_device
@@ -222,3 +222,16 @@ def test_the_recipes_full_recompute_changes_the_steps_memory_not_its_result():
     assert (plain["recompute"], recomputed["recompute"]) == (None, "full")
     assert recomputed["first_step"]["loss"] == pytest.approx(plain["first_step"]["loss"], rel=1e-6, abs=1e-8)
     assert recomputed["first_step"]["grad_norm"] == pytest.approx(plain["first_step"]["grad_norm"], rel=1e-6)
+
+
+def test_a_namespace_module_counts_only_the_distribution_that_ships_it():
+    """`google` is protobuf's and googleapis-common-protos' (and, where ray[default] is installed, google-auth's):
+    importing google.protobuf must not count the others as needed on the GPU machine."""
+    import importlib.metadata
+
+    owners = importlib.metadata.packages_distributions().get("google", [])
+    if len(owners) < 2:
+        pytest.skip(f"`google` has one distribution here ({owners}): no namespace to tell apart")
+    found = imported_distributions("import time:       120 |        340 |   google.protobuf\n")
+    assert found == {"protobuf": importlib.metadata.version("protobuf")}
+    assert imported_distributions("import time: 1 | 1 | torch\nnot an import line | google\n").keys() == {"torch"}

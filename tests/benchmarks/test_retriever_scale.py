@@ -83,3 +83,18 @@ def test_candidates_built_by_build_faiss_recall_and_extrapolate(fitted, tmp_path
     table = scale.table({"runs": [{**results["Flat"], "set": "synthetic"}], "extrapolated": extrapolated})
     assert table.count("\n") == 2 and "| Flat | exact | 1.000 / 1.000 |" in table
     assert scale.recipe_seconds(2.0) == {"step_s": 4.0, "eval_s": 2 * 12 * 2.0}
+
+
+def _timed(size: int, batch_s: float) -> dict:
+    timing = {"batch_p50_s": batch_s, "batch_1thread_p50_s": batch_s, "one_p50_s": batch_s / 100, "recall": 1.0}
+    return {"size": size, "index_bytes": size * 3072, "settings": [{"setting": "exact", **timing}]}
+
+
+def test_a_smaller_size_timed_slower_under_load_extrapolates_proportionally_not_below_zero():
+    """Two noisy points whose fit falls (as CI measured: 0.030 s at 2,048, 0.019 s at 4,096) once gave -112 s."""
+    noisy = {"factory": "Flat", "sizes": [_timed(2048, 0.030), _timed(4096, 0.019)]}
+    (flat,) = scale.extrapolate(noisy, 21_015_324, threads_here=2, cores=64)
+    assert flat["batch_s_here"] == pytest.approx(0.019 * 21_015_324 / 4096)
+    clean = {"factory": "Flat", "sizes": [_timed(1_000_000, 3.71), _timed(2_000_000, 7.05)]}
+    (fitted,) = scale.extrapolate(clean, 21_015_324, threads_here=2, cores=64)
+    assert fitted["batch_s_one_thread"] == pytest.approx(0.37 + 3.34e-6 * 21_015_324)  # the fit, where it rises
