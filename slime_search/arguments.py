@@ -17,8 +17,8 @@ from slime_search.health.config import add_health_arguments, health_config
 from slime_search.parallel_layout import check_layout, widths_from_flags
 from slime_search.rollout.schedule import ASYNC_MODES, BATCH_ORDERS
 from slime_search.search_r1.config import add_search_r1_arguments
+from slime_search.utils.flag_fields import add_flags
 from slime_search.utils.flag_types import (
-    below_one,
     non_negative_float,
     non_negative_int,
     port,
@@ -222,43 +222,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="normalise the MIS weights to mean 1 over the global batch",
     )
-    g.add_argument(
-        "--optimizer",
-        default="adam",
-        choices=["adam"],
-        help="adam, the only optimizer (Adam with decoupled weight decay, as Megatron's); accepted so that slime "
-        "commands parse",
-    )
-    g.add_argument("--lr", type=non_negative_float, default=1e-6, help="peak learning rate")
-    g.add_argument("--min-lr", type=non_negative_float, default=0.0, help="learning rate at the end of the decay")
-    g.add_argument(
-        "--lr-warmup-iters",
-        type=non_negative_int,
-        default=0,
-        help="optimizer steps of linear warm-up to --lr",
-    )
-    g.add_argument(
-        "--lr-decay-style",
-        default="constant",
-        choices=["constant", "linear", "cosine"],
-        help="after the warm-up: constant, or a linear / cosine decay to --min-lr that ends at --lr-decay-iters",
-    )
-    g.add_argument(
-        "--lr-decay-iters",
-        type=positive_int,
-        default=None,
-        help="optimizer steps (not rollouts; warm-up included) after which the decay reaches --min-lr; default: the "
-        "whole run, --num-rollout x the optimizer steps of a rollout (1, or its samples / --global-batch-size)",
-    )
-    g.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="Adam's decoupled weight decay")
-    g.add_argument("--adam-beta1", type=below_one, default=0.9, help="Adam's beta1, in [0, 1)")
-    g.add_argument("--adam-beta2", type=below_one, default=0.98, help="Adam's beta2, in [0, 1)")
-    g.add_argument(
-        "--clip-grad",
-        type=non_negative_float,
-        default=1.0,
-        help="clip the global gradient norm to this (0: no clipping)",
-    )
+    from slime_search.backends.megatron.optim_config import OptimConfig
+
+    add_flags(g, OptimConfig)
     g.add_argument("--max-tokens-per-gpu", type=positive_int, default=4096, help="token budget of a packed micro-batch")
 
 

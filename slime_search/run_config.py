@@ -12,6 +12,7 @@ from typing import Any
 from slime_search.arguments import eval_sets, steps_per_rollout, weight_transport
 from slime_search.evaluation.subsets import eval_subset
 from slime_search.health.config import HealthConfig, health_config
+from slime_search.utils.flag_fields import from_flags
 
 
 def model_source(args: argparse.Namespace):
@@ -75,7 +76,7 @@ def lr_decay_iters(args: argparse.Namespace) -> int | None:
 def actor_config(args: argparse.Namespace, vocab_size: int):
     from slime_search.backends.megatron.actor import ActorConfig
     from slime_search.backends.megatron.loss import LossConfig
-    from slime_search.backends.megatron.optimizer import OptimConfig
+    from slime_search.backends.megatron.optim_config import OptimConfig
 
     use_tis, mis = importance_weights(args)
     return ActorConfig(
@@ -96,17 +97,7 @@ def actor_config(args: argparse.Namespace, vocab_size: int):
             temperature=args.rollout_temperature,
             vocab_size=vocab_size,
         ),
-        optim=OptimConfig(
-            lr=args.lr,
-            min_lr=args.min_lr,
-            lr_warmup_iters=args.lr_warmup_iters,
-            lr_decay_iters=lr_decay_iters(args),
-            lr_decay_style=args.lr_decay_style,
-            weight_decay=args.weight_decay,
-            adam_beta1=args.adam_beta1,
-            adam_beta2=args.adam_beta2,
-            clip_grad=args.clip_grad,
-        ),
+        optim=from_flags(OptimConfig, args, lr_decay_iters=lr_decay_iters(args)),
         max_tokens_per_micro_batch=args.max_tokens_per_gpu,
         probe_tokens=args.health_probe_tokens,
     )

@@ -1,7 +1,8 @@
 """slime's command-line flags, each with this project's answer, and slime's --custom-config-path.
 
 `slime_flags.toml` (beside this module) lists every flag of slime's (at the commit it names) as honoured (this
-project's parser declares it with slime's meaning), accepted (declared here; only the value this project runs with
+project's parser declares it with slime's meaning; a flag declared as a typed config's field carries its slime name
+there instead, `declared_in_fields`), accepted (declared here; only the value this project runs with
 anyway passes) or refused (declared here so that a slime command line parses; refused with why and what instead).
 `add_slime_flags` declares the accepted and refused ones and --custom-config-path; `apply_slime_flags`, run once after
 parsing, merges the --custom-config-path YAML onto the flags (overriding the command line, as slime does), each key
@@ -112,6 +113,14 @@ class Vocabulary:
         return next((flag for flag in self.flags.values() if flag.dest == dest), None)
 
 
+def declared_in_fields() -> list[str]:
+    """slime's names that the typed configs' flag fields carry (each declared once, as its field): honoured."""
+    from slime_search.backends.megatron.optim_config import OptimConfig
+    from slime_search.utils.flag_fields import slime_flag_names
+
+    return slime_flag_names([OptimConfig])
+
+
 @cache
 def vocabulary() -> Vocabulary:
     data = tomllib.loads(DATA_FILE.read_text())
@@ -123,7 +132,7 @@ def vocabulary() -> Vocabulary:
             raise ValueError(f"{DATA_FILE}: {flag.name} has two answers")
         flags[flag.name] = flag
 
-    for name in data["honoured"]:
+    for name in [*data["honoured"], *declared_in_fields()]:
         add(SlimeFlag(name, "honoured", dests.get(name, dest_of(name))))
     for answer in ("accepted", "refused"):
         for name, entry in data[answer].items():

@@ -1,7 +1,8 @@
 """slime's own Search-R1 plugin (examples/search-r1/generate_with_search.py at slime 624b824, read from
 ../shared/compat), loaded by the flags slime users give and run by this project's rollout: against a scripted engine
 and the real retriever (the searches reach it, the reward sees slime samples, the trainer's samples are right), and
-against the CPU engine server (its sampled tokens and log-probs reach the trainer as the engine gave them)."""
+against the CPU engine server and real SGLang on CPU (their sampled tokens and log-probs reach the trainer as the
+engine gave them)."""
 
 from __future__ import annotations
 
@@ -164,15 +165,32 @@ def test_slimes_plugins_run_on_the_cpu_engine_server(slime_plugin, slime_api, ta
             task, tiny_checkpoint, engine.url, "--rollout-max-response-len", "6",
             generate="slime.rollout.sglang_rollout.generate",
         )  # fmt: skip
-    for groups, batch in ((searched, searched_batch), (single, single_batch)):
-        samples = [s for g in groups for s in g]
-        assert len(batch.samples) == len(samples) == 4
-        for sample, train in zip(samples, batch.samples, strict=True):
-            view = sample.slime_sample
-            assert train.tokens == view.tokens and train.loss_mask == view.loss_mask
-            assert train.rollout_log_probs == view.rollout_log_probs
-            generated = [lp for lp, m in zip(train.rollout_log_probs, train.loss_mask, strict=True) if m]
-            assert generated and all(lp < 0 for lp in generated)  # the engine's log-probs of what it sampled
-            assert sample.status.value == view.status.value in ("truncated", "completed")
-            assert set(train.token_versions) <= {0, -1} and 0 in train.token_versions  # the engine's version 0
-            assert sample.reward is not None
+    assert_the_trainer_gets_what_the_engine_sampled(searched, searched_batch)
+    assert_the_trainer_gets_what_the_engine_sampled(single, single_batch)
+
+
+def test_slimes_search_plugin_runs_unchanged_on_real_sglang(slime_plugin, task, tiny_checkpoint, sglang_engine):
+    """The same plugin against SGLang 0.5.23 on CPU (tests/sglang_cpu): slime's payload is SGLang's own API, and the
+    tokens and log-probs SGLang returns reach the trainer as it returned them."""
+    sglang_engine.reset()
+    groups, batch, plugin_args = run_slime_plugin(
+        task, tiny_checkpoint, sglang_engine.url, "--rollout-max-response-len", "6"
+    )
+    assert f"http://{plugin_args.sglang_router_ip}:{plugin_args.sglang_router_port}" == sglang_engine.url
+    assert_the_trainer_gets_what_the_engine_sampled(groups, batch)
+
+
+def assert_the_trainer_gets_what_the_engine_sampled(groups, batch) -> None:
+    """Every sample's slime view is what the trainer trains on, its generated tokens carrying the engine's (negative)
+    log-probs and its weight version 0."""
+    samples = [s for g in groups for s in g]
+    assert len(batch.samples) == len(samples) == 4
+    for sample, train in zip(samples, batch.samples, strict=True):
+        view = sample.slime_sample
+        assert train.tokens == view.tokens and train.loss_mask == view.loss_mask
+        assert train.rollout_log_probs == view.rollout_log_probs
+        generated = [lp for lp, m in zip(train.rollout_log_probs, train.loss_mask, strict=True) if m]
+        assert generated and all(lp < 0 for lp in generated)  # the engine's log-probs of what it sampled
+        assert sample.status.value == view.status.value in ("truncated", "completed")
+        assert set(train.token_versions) <= {0, -1} and 0 in train.token_versions  # the engine's version 0
+        assert sample.reward is not None

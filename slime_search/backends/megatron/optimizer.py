@@ -9,24 +9,10 @@ groups: biases and other one-dimensional parameters (the norms) get no weight de
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    lr_warmup_iters: int = 0
-    lr_decay_iters: int | None = None
-    lr_decay_style: str = "constant"  # constant | linear | cosine
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    use_distributed_optimizer: bool = False
+from slime_search.backends.megatron.optim_config import OptimConfig
 
 
 def learning_rate(step: int, config: OptimConfig) -> float:

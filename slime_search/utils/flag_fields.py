@@ -1,0 +1,91 @@
+"""A command-line flag declared once, as a field of the typed config it sets.
+
+`flag(default, help, ...)` is a dataclass field whose metadata carries the flag's help, its converter, its choices,
+its aliases and whether it is slime's flag with slime's meaning. `add_flags` declares a config class's flags on a
+parser (the field's default is the flag's default: they cannot drift), `from_flags` builds the config from the parsed
+flags (one direction), and `slime_flag_names` lists the slime names the fields carry, for the slime vocabulary.
+Validation is the converter's (at parse time) and the config's `__post_init__` (at construction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+FLAG = "flag"  # the metadata key of a field that is a command-line flag
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagSpec:
+    help: str
+    type: Callable[[str], Any] | None = None
+    choices: tuple | None = None
+    aliases: tuple[str, ...] = ()  # other spellings, slime's among them where it has another name
+    slime_name: bool | str | None = (
+        None  # True, or the name slime declares this flag under, with this meaning (honoured)
+    )
+
+
+def flag(
+    default: Any,
+    help: str,
+    *,
+    type: Callable[[str], Any] | None = None,
+    choices: Iterable | None = None,
+    aliases: tuple[str, ...] = (),
+    slime: bool | str = False,
+) -> Any:
+    """A field that is also a flag `--name-with-dashes`; a bool field is a switch (--x if its default is False,
+    --x / --no-x if it is True). `slime`: True where slime declares the same name with this meaning, or slime's name
+    where it is one of `aliases`."""
+    if isinstance(slime, str) and slime not in aliases:
+        raise ValueError(f"slime's name {slime} is not among the aliases {aliases}")
+    spec = FlagSpec(help, type, tuple(choices) if choices is not None else None, aliases, slime if slime else None)
+    return dataclasses.field(default=default, metadata={FLAG: spec})
+
+
+def flag_name(field: dataclasses.Field) -> str:
+    return "--" + field.name.replace("_", "-")
+
+
+def flag_fields(config_class: type) -> list[dataclasses.Field]:
+    """The fields of `config_class` that are flags, in declaration order."""
+    return [f for f in dataclasses.fields(config_class) if FLAG in f.metadata]
+
+
+def add_flags(group: argparse._ActionsContainer, config_class: type) -> None:
+    """Declare every flag field of `config_class` on `group` (a parser or an argument group)."""
+    for field in flag_fields(config_class):
+        spec: FlagSpec = field.metadata[FLAG]
+        keywords: dict[str, Any] = {"dest": field.name, "default": field.default, "help": spec.help}
+        if isinstance(field.default, bool):
+            keywords["action"] = "store_true" if not field.default else argparse.BooleanOptionalAction
+        else:
+            if spec.type is not None:
+                keywords["type"] = spec.type
+            if spec.choices is not None:
+                keywords["choices"] = spec.choices
+        group.add_argument(flag_name(field), *spec.aliases, **keywords)
+
+
+def from_flags(config_class: type, args: argparse.Namespace, **derived: Any):
+    """`config_class` from the parsed flags; `derived` sets the fields computed from other flags (a default that
+    depends on the run's length, say), and fields that are not flags keep their defaults."""
+    values = {field.name: getattr(args, field.name) for field in flag_fields(config_class)}
+    unknown = set(derived) - {field.name for field in dataclasses.fields(config_class)}
+    if unknown:
+        raise TypeError(f"{config_class.__name__} has no fields {sorted(unknown)}")
+    return config_class(**{**values, **derived})
+
+
+def slime_flag_names(config_classes: Iterable[type]) -> list[str]:
+    """slime's name of every field slime declares too, in declaration order."""
+    names = []
+    for config_class in config_classes:
+        for field in flag_fields(config_class):
+            slime_name = field.metadata[FLAG].slime_name
+            if slime_name is not None:
+                names.append(flag_name(field) if slime_name is True else slime_name)
+    return names

@@ -1,0 +1,80 @@
+"""A flag declared once, as a typed config's field: the parser's default is the field's, the config is built from
+the parsed flags, and slime's names come from the fields."""
+
+import argparse
+import dataclasses
+
+import pytest
+
+from slime_search.arguments import build_parser, parse_args
+from slime_search.backends.megatron.optim_config import OptimConfig
+from slime_search.compat.flags import declared_in_fields, vocabulary
+from slime_search.run_config import actor_config
+from slime_search.utils.flag_fields import add_flags, flag, flag_fields, flag_name, from_flags, slime_flag_names
+from slime_search.utils.flag_types import positive_int
+
+BASE = [
+    "--hf-checkpoint", "ckpt", "--save", "run", "--prompt-data", "p.parquet", "--num-rollout", "2",
+    "--rollout-batch-size", "4", "--n-samples-per-prompt", "8",
+]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    width: int = flag(4, "how wide", type=positive_int, slime=True)
+    style: str = flag("plain", "how it looks", choices=["plain", "bold"], aliases=("--look",), slime="--look")
+    verbose: bool = flag(False, "say more")
+    checked: bool = flag(True, "check it")
+    derived: int = 0  # not a flag: computed from others
+
+
+def test_a_config_class_declares_its_flags_and_is_built_back_from_them():
+    parser = argparse.ArgumentParser()
+    add_flags(parser, Example)
+    assert from_flags(Example, parser.parse_args([])) == Example()
+    args = parser.parse_args(["--width", "7", "--look", "bold", "--verbose", "--no-checked"])
+    assert from_flags(Example, args, derived=3) == Example(7, "bold", True, False, 3)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--width", "0"])  # the converter's rule: a usage error
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--style", "italic"])
+    with pytest.raises(TypeError, match=r"no fields \['depth'\]"):
+        from_flags(Example, args, depth=1)
+    assert [flag_name(f) for f in flag_fields(Example)] == ["--width", "--style", "--verbose", "--checked"]
+    assert slime_flag_names([Example]) == ["--width", "--look"]
+    with pytest.raises(ValueError, match="not among the aliases"):
+        flag(1, "x", slime="--other")
+
+
+def test_the_optimizer_flags_default_to_optim_configs_own_defaults():
+    """The drift this prevents: a parser default and a dataclass default for one flag, kept apart by hand."""
+    parser = build_parser()
+    for field in flag_fields(OptimConfig):
+        assert parser.get_default(field.name) == field.default, field.name
+    built = actor_config(parse_args(BASE), vocab_size=100).optim
+    assert built == OptimConfig()
+    given = parse_args([*BASE, "--lr", "3e-4", "--adam-beta2", "0.95", "--lr-decay-style", "cosine"])
+    optim = actor_config(given, vocab_size=100).optim
+    assert (optim.lr, optim.adam_beta2, optim.lr_decay_style) == (3e-4, 0.95, "cosine")
+    assert optim.lr_decay_iters == 2  # derived: the whole run (2 rollouts, one optimizer step each)
+
+
+def test_an_optim_config_built_in_code_is_checked_as_its_flags_are():
+    with pytest.raises(ValueError, match=r"adam_beta2 must be in \[0, 1\), got 1.0"):
+        OptimConfig(adam_beta2=1.0)
+    with pytest.raises(ValueError, match="lr must be >= 0, got -1"):
+        OptimConfig(lr=-1)
+    with pytest.raises(ValueError, match="lr_decay_style must be one of"):
+        OptimConfig(lr_decay_style="step")
+
+
+def test_slimes_optimizer_names_are_honoured_from_the_fields_and_named_nowhere_else():
+    names = declared_in_fields()
+    assert {"--lr", "--min-lr", "--adam-beta1", "--adam-beta2", "--clip-grad", "--optimizer"} <= set(names)
+    vocab = vocabulary()
+    assert all(vocab.flags[name].answer == "honoured" for name in names)
+    import tomllib
+
+    from slime_search.compat.flags import DATA_FILE
+
+    assert not set(names) & set(tomllib.loads(DATA_FILE.read_text())["honoured"])  # one declaration, not two
