@@ -9,8 +9,17 @@ import pytest
 from slime_search.arguments import build_parser, parse_args
 from slime_search.backends.megatron.optim_config import OptimConfig
 from slime_search.compat.flags import declared_in_fields, vocabulary
+from slime_search.health.config import HealthConfig, health_config
 from slime_search.run_config import actor_config
-from slime_search.utils.flag_fields import add_flags, flag, flag_fields, flag_name, from_flags, slime_flag_names
+from slime_search.utils.flag_fields import (
+    add_flags,
+    flag,
+    flag_dest,
+    flag_fields,
+    flag_name,
+    from_flags,
+    slime_flag_names,
+)
 from slime_search.utils.flag_types import positive_int
 
 BASE = [
@@ -46,13 +55,26 @@ def test_a_config_class_declares_its_flags_and_is_built_back_from_them():
         flag(1, "x", slime="--other")
 
 
-def test_the_optimizer_flags_default_to_optim_configs_own_defaults():
+@pytest.mark.parametrize("config_class", [OptimConfig, HealthConfig])
+def test_the_parsers_defaults_are_the_configs_own(config_class):
     """The drift this prevents: a parser default and a dataclass default for one flag, kept apart by hand."""
     parser = build_parser()
-    for field in flag_fields(OptimConfig):
-        assert parser.get_default(field.name) == field.default, field.name
-    built = actor_config(parse_args(BASE), vocab_size=100).optim
-    assert built == OptimConfig()
+    fields = flag_fields(config_class)
+    assert fields and all(parser.get_default(flag_dest(f)) == f.default for f in fields)
+    help_text = parser.format_help()
+    assert all(flag_name(f) in help_text for f in fields)
+
+
+def test_the_configs_built_from_default_flags_are_the_default_configs():
+    args = parse_args(BASE)
+    assert actor_config(args, vocab_size=100).optim == OptimConfig()
+    assert health_config(args) == HealthConfig()
+    guarded = parse_args([*BASE, "--health-grad-spike", "4", "--no-health-guard", "--max-rollbacks", "0"])
+    assert (health_config(guarded).grad_spike, health_config(guarded).enabled) == (4.0, False)
+    assert health_config(guarded).max_rollbacks == 0
+
+
+def test_the_optimizer_flags_reach_the_optimizer_config():
     given = parse_args([*BASE, "--lr", "3e-4", "--adam-beta2", "0.95", "--lr-decay-style", "cosine"])
     optim = actor_config(given, vocab_size=100).optim
     assert (optim.lr, optim.adam_beta2, optim.lr_decay_style) == (3e-4, 0.95, "cosine")

@@ -20,6 +20,7 @@ FLAG = "flag"  # the metadata key of a field that is a command-line flag
 @dataclasses.dataclass(frozen=True)
 class FlagSpec:
     help: str
+    name: str | None = None  # the flag's name where it is not the field's (--health-grad-spike for grad_spike)
     type: Callable[[str], Any] | None = None
     choices: tuple | None = None
     aliases: tuple[str, ...] = ()  # other spellings, slime's among them where it has another name
@@ -32,22 +33,29 @@ def flag(
     default: Any,
     help: str,
     *,
+    name: str | None = None,
     type: Callable[[str], Any] | None = None,
     choices: Iterable | None = None,
     aliases: tuple[str, ...] = (),
     slime: bool | str = False,
 ) -> Any:
-    """A field that is also a flag `--name-with-dashes`; a bool field is a switch (--x if its default is False,
+    """A field that is also a flag, `--field-name-with-dashes` or `name`; a bool field is a switch (--x if its default is False,
     --x / --no-x if it is True). `slime`: True where slime declares the same name with this meaning, or slime's name
     where it is one of `aliases`."""
     if isinstance(slime, str) and slime not in aliases:
         raise ValueError(f"slime's name {slime} is not among the aliases {aliases}")
-    spec = FlagSpec(help, type, tuple(choices) if choices is not None else None, aliases, slime if slime else None)
+    choices = tuple(choices) if choices is not None else None
+    spec = FlagSpec(help, name, type, choices, aliases, slime if slime else None)
     return dataclasses.field(default=default, metadata={FLAG: spec})
 
 
 def flag_name(field: dataclasses.Field) -> str:
-    return "--" + field.name.replace("_", "-")
+    return field.metadata[FLAG].name or "--" + field.name.replace("_", "-")
+
+
+def flag_dest(field: dataclasses.Field) -> str:
+    """The parsed flags' attribute for the field's flag (argparse's, from the flag's name)."""
+    return flag_name(field).removeprefix("--").replace("-", "_")
 
 
 def flag_fields(config_class: type) -> list[dataclasses.Field]:
@@ -59,7 +67,7 @@ def add_flags(group: argparse._ActionsContainer, config_class: type) -> None:
     """Declare every flag field of `config_class` on `group` (a parser or an argument group)."""
     for field in flag_fields(config_class):
         spec: FlagSpec = field.metadata[FLAG]
-        keywords: dict[str, Any] = {"dest": field.name, "default": field.default, "help": spec.help}
+        keywords: dict[str, Any] = {"dest": flag_dest(field), "default": field.default, "help": spec.help}
         if isinstance(field.default, bool):
             keywords["action"] = "store_true" if not field.default else argparse.BooleanOptionalAction
         else:
@@ -73,7 +81,7 @@ def add_flags(group: argparse._ActionsContainer, config_class: type) -> None:
 def from_flags(config_class: type, args: argparse.Namespace, **derived: Any):
     """`config_class` from the parsed flags; `derived` sets the fields computed from other flags (a default that
     depends on the run's length, say), and fields that are not flags keep their defaults."""
-    values = {field.name: getattr(args, field.name) for field in flag_fields(config_class)}
+    values = {field.name: getattr(args, flag_dest(field)) for field in flag_fields(config_class)}
     unknown = set(derived) - {field.name for field in dataclasses.fields(config_class)}
     if unknown:
         raise TypeError(f"{config_class.__name__} has no fields {sorted(unknown)}")
