@@ -11,6 +11,7 @@ from slime_search.backends.megatron.optim_config import OptimConfig
 from slime_search.compat.flags import declared_in_fields, vocabulary
 from slime_search.health.config import HealthConfig, health_config
 from slime_search.run_config import actor_config
+from slime_search.search_r1.config import SearchR1Config
 from slime_search.utils.flag_fields import (
     add_flags,
     flag,
@@ -55,7 +56,7 @@ def test_a_config_class_declares_its_flags_and_is_built_back_from_them():
         flag(1, "x", slime="--other")
 
 
-@pytest.mark.parametrize("config_class", [OptimConfig, HealthConfig])
+@pytest.mark.parametrize("config_class", [OptimConfig, HealthConfig, SearchR1Config])
 def test_the_parsers_defaults_are_the_configs_own(config_class):
     """The drift this prevents: a parser default and a dataclass default for one flag, kept apart by hand."""
     parser = build_parser()
@@ -69,6 +70,8 @@ def test_the_configs_built_from_default_flags_are_the_default_configs():
     args = parse_args(BASE)
     assert actor_config(args, vocab_size=100).optim == OptimConfig()
     assert health_config(args) == HealthConfig()
+    task = SearchR1Config.from_args(argparse.Namespace(**{**vars(args), "engine_url": "http://e"}))
+    assert task == SearchR1Config(engine_urls=("http://e",), tokenizer_path="ckpt", serper_ledger=task.serper_ledger)
     guarded = parse_args([*BASE, "--health-grad-spike", "4", "--no-health-guard", "--max-rollbacks", "0"])
     assert (health_config(guarded).grad_spike, health_config(guarded).enabled) == (4.0, False)
     assert health_config(guarded).max_rollbacks == 0

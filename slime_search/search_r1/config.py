@@ -14,158 +14,23 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from slime_search.utils.flag_fields import add_flags, flag
 from slime_search.utils.flag_types import non_negative_float, non_negative_int, positive_float, positive_int
 
 T = TypeVar("T")
 
 SEARCH_BACKENDS = ("local", "serper")
+TOOL_FORMATS = ("tags", "qwen3")
 
 
 def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("Search-R1 task")
-    group.add_argument(
-        "--search-backend", choices=SEARCH_BACKENDS, default="local", help="local: --search-url; serper: web search"
-    )
-    group.add_argument("--search-url", default="http://127.0.0.1:8000/retrieve", help="the local /retrieve endpoint")
-    group.add_argument("--search-topk", type=positive_int, default=3, help="documents per search")
-    group.add_argument("--search-concurrency", type=positive_int, default=256, help="searches in flight at once")
-    group.add_argument(
-        "--generation-concurrency",
-        type=positive_int,
-        default=256,
-        help="engine requests in flight (not held while searching)",
-    )
-    group.add_argument(
-        "--search-timeout",
-        type=positive_float,
-        default=60.0,
-        help="seconds one search request may take (each retry again)",
-    )
-    group.add_argument(
-        "--search-retry-window",
-        type=non_negative_float,
-        default=30.0,
-        help="seconds a failed local search request (network, 5xx, 429, 503) is retried for, with jittered "
-        "backoff and the server's Retry-After: long enough for a retriever restart; the last attempt may take "
-        "--search-timeout more",
-    )
-    group.add_argument(
-        "--search-retries",
-        type=non_negative_int,
-        default=None,
-        help="at most this many retries of a failed search request (default: local, as many as "
-        "--search-retry-window allows; Serper, 3)",
-    )
-    group.add_argument(
-        "--empty-search-text",
-        default="No search results are found.",
-        help="the observation of a search that found nothing (counted as search_empty); '' gives Search-R1's "
-        "empty <information></information>",
-    )
+    add_flags(group, SearchR1Config)
     group.add_argument(
         "--search-preflight-timeout",
         type=non_negative_float,
         default=10.0,
         help="seconds the one-query probe of --search-url may take before anything starts (0: no probe)",
-    )
-    group.add_argument(
-        "--engine-timeout",
-        type=positive_float,
-        default=600.0,
-        help="seconds one engine request may take (a turn's decode)",
-    )
-    group.add_argument(
-        "--engine-retries",
-        type=non_negative_int,
-        default=2,
-        help="re-sends of a turn after a transient engine fault",
-    )
-    group.add_argument(
-        "--search-snippet-only",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="Serper: the result snippets as passages (--no-search-snippet-only: text around them from the pages)",
-    )
-    group.add_argument("--serper-url", default="https://google.serper.dev/search", help="Serper's search endpoint")
-    group.add_argument(
-        "--serper-cache", default=None, help="SQLite file caching Serper answers across runs and processes"
-    )
-    group.add_argument(
-        "--serper-replay-only",
-        action="store_true",
-        help="answer Serper searches from --serper-cache only, never calling the API (reproducible evaluation)",
-    )
-    group.add_argument(
-        "--serper-budget-calls",
-        type=non_negative_int,
-        default=None,
-        help="at most this many billed Serper calls over the whole run (cached answers are free)",
-    )
-    group.add_argument(
-        "--serper-budget-usd",
-        type=non_negative_float,
-        default=None,
-        help="at most this many dollars of Serper calls over the run, at --serper-usd-per-call",
-    )
-    group.add_argument(
-        "--serper-usd-per-call",
-        type=non_negative_float,
-        default=0.001,
-        help="what one billed Serper call costs you (default: $1 per 1,000 queries); sets the cost in the report",
-    )
-    group.add_argument(
-        "--serper-at-budget",
-        choices=("stop", "replay"),
-        default="stop",
-        help="at the budget: stop the run with a message, or go on answering from --serper-cache only",
-    )
-    group.add_argument(
-        "--serper-ledger",
-        default=None,
-        help="SQLite file counting the run's billed Serper calls (default: serper_spend.sqlite in --save); on a local "
-        "disk: one on NFS, Lustre, SMB or GPFS is refused, their file locks are not reliable",
-    )
-    group.add_argument(
-        "--tool-format",
-        choices=("tags", "qwen3"),
-        default="tags",
-        help="tags: Search-R1's <search> query </search>; qwen3: Qwen3's native tool calls (tools declared by the "
-        "chat template, <tool_call> JSON, tool responses in the template's form); the answer is <answer> in both",
-    )
-    group.add_argument(
-        "--enable-thinking",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="--tool-format qwen3: let the model think (<think> ... </think>) before it acts (default: off, the "
-        "template's empty think block, as torchtitan's and prime-rl's Qwen3 recipes)",
-    )
-    group.add_argument(
-        "--page-access",
-        action="store_true",
-        help="an <access> url </access> action that reads a whole page from the retriever's /access (ASearcher's "
-        "and RLinf's local wiki server; start it with --pages-path); off: Search-R1's loop, unchanged",
-    )
-    group.add_argument(
-        "--access-url", default=None, help="the /access endpoint (default: --search-url with /retrieve -> /access)"
-    )
-    group.add_argument(
-        "--max-page-tokens", type=positive_int, default=1024, help="an accessed page's observation cap, in tokens"
-    )
-    group.add_argument(
-        "--max-turns", type=non_negative_int, default=4, help="search turns before the final answer-only turn"
-    )
-    group.add_argument(
-        "--max-obs-tokens", type=non_negative_int, default=500, help="observation cap per search, in tokens"
-    )
-    group.add_argument(
-        "--max-response-tokens", type=positive_int, default=4096, help="total response budget (all turns)"
-    )
-    group.add_argument("--no-final-turn", dest="final_turn", action="store_false", help="drop the answer-only turn")
-    group.add_argument(
-        "--end-on-no-action",
-        action="store_true",
-        help="a turn ended by EOS or its token limit with neither search nor answer ends the trajectory "
-        "(default: Search-R1's invalid-action message and another turn)",
     )
     group.add_argument(
         "--structure-format-score",
@@ -197,36 +62,151 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
 class SearchR1Config:
     engine_urls: tuple[str, ...]  # every engine (the trajectories spread over them) or one address (a router)
     tokenizer_path: str
-    search_backend: str = "local"
-    search_url: str = "http://127.0.0.1:8000/retrieve"
-    search_topk: int = 3
-    search_concurrency: int = 256
-    generation_concurrency: int = 256
-    search_timeout: float = 60.0
-    search_retry_window: float = 30.0
-    search_retries: int | None = None
-    empty_search_text: str = "No search results are found."
-    engine_timeout: float = 600.0
-    engine_retries: int = 2
-    search_snippet_only: bool = True
-    serper_url: str = "https://google.serper.dev/search"
-    serper_cache: str | None = None
-    serper_replay_only: bool = False
-    serper_budget_calls: int | None = None
-    serper_budget_usd: float | None = None
-    serper_usd_per_call: float = 0.001
-    serper_at_budget: str = "stop"
-    serper_ledger: str | None = None
-    tool_format: str = "tags"
-    enable_thinking: bool = False
-    page_access: bool = False
-    access_url: str | None = None
-    max_page_tokens: int = 1024
-    max_turns: int = 4
-    max_obs_tokens: int = 500
-    max_response_tokens: int = 4096
-    final_turn: bool = True
-    end_on_no_action: bool = False
+    search_backend: str = flag(
+        "local",
+        "local: --search-url; serper: web search",
+        choices=SEARCH_BACKENDS,
+    )
+    search_url: str = flag(
+        "http://127.0.0.1:8000/retrieve",
+        "the local /retrieve endpoint",
+    )
+    search_topk: int = flag(
+        3,
+        "documents per search",
+        type=positive_int,
+    )
+    search_concurrency: int = flag(
+        256,
+        "searches in flight at once",
+        type=positive_int,
+    )
+    generation_concurrency: int = flag(
+        256,
+        "engine requests in flight (not held while searching)",
+        type=positive_int,
+    )
+    search_timeout: float = flag(
+        60.0,
+        "seconds one search request may take (each retry again)",
+        type=positive_float,
+    )
+    search_retry_window: float = flag(
+        30.0,
+        "seconds a failed local search request (network, 5xx, 429, 503) is retried for, with jittered backoff and"
+        " the server's Retry-After: long enough for a retriever restart; the last attempt may take "
+        "--search-timeout more",
+        type=non_negative_float,
+    )
+    search_retries: int | None = flag(
+        None,
+        "at most this many retries of a failed search request (default: local, as many as --search-retry-window "
+        "allows; Serper, 3)",
+        type=non_negative_int,
+    )
+    empty_search_text: str = flag(
+        "No search results are found.",
+        "the observation of a search that found nothing (counted as search_empty); '' gives Search-R1's empty "
+        "<information></information>",
+    )
+    engine_timeout: float = flag(
+        600.0,
+        "seconds one engine request may take (a turn's decode)",
+        type=positive_float,
+    )
+    engine_retries: int = flag(
+        2,
+        "re-sends of a turn after a transient engine fault",
+        type=non_negative_int,
+    )
+    search_snippet_only: bool = flag(
+        True,
+        "Serper: the result snippets as passages (--no-search-snippet-only: text around them from the pages)",
+    )
+    serper_url: str = flag(
+        "https://google.serper.dev/search",
+        "Serper's search endpoint",
+    )
+    serper_cache: str | None = flag(
+        None,
+        "SQLite file caching Serper answers across runs and processes",
+    )
+    serper_replay_only: bool = flag(
+        False,
+        "answer Serper searches from --serper-cache only, never calling the API (reproducible evaluation)",
+    )
+    serper_budget_calls: int | None = flag(
+        None,
+        "at most this many billed Serper calls over the whole run (cached answers are free)",
+        type=non_negative_int,
+    )
+    serper_budget_usd: float | None = flag(
+        None,
+        "at most this many dollars of Serper calls over the run, at --serper-usd-per-call",
+        type=non_negative_float,
+    )
+    serper_usd_per_call: float = flag(
+        0.001,
+        "what one billed Serper call costs you (default: $1 per 1,000 queries); sets the cost in the report",
+        type=non_negative_float,
+    )
+    serper_at_budget: str = flag(
+        "stop",
+        "at the budget: stop the run with a message, or go on answering from --serper-cache only",
+        choices=("stop", "replay"),
+    )
+    serper_ledger: str | None = flag(
+        None,
+        "SQLite file counting the run's billed Serper calls (default: serper_spend.sqlite in --save); on a local "
+        "disk: one on NFS, Lustre, SMB or GPFS is refused, their file locks are not reliable",
+    )
+    tool_format: str = flag(
+        "tags",
+        "tags: Search-R1's <search> query </search>; qwen3: Qwen3's native tool calls (tools declared by the chat"
+        " template, <tool_call> JSON, tool responses in the template's form); the answer is <answer> in both",
+        choices=TOOL_FORMATS,
+    )
+    enable_thinking: bool = flag(
+        False,
+        "--tool-format qwen3: let the model think (<think> ... </think>) before it acts (default: off, the "
+        "template's empty think block, as torchtitan's and prime-rl's Qwen3 recipes)",
+        negatable=True,
+    )
+    page_access: bool = flag(
+        False,
+        "an <access> url </access> action that reads a whole page from the retriever's /access (ASearcher's and "
+        "RLinf's local wiki server; start it with --pages-path); off: Search-R1's loop, unchanged",
+    )
+    access_url: str | None = flag(
+        None,
+        "the /access endpoint (default: --search-url with /retrieve -> /access)",
+    )
+    max_page_tokens: int = flag(
+        1024,
+        "an accessed page's observation cap, in tokens",
+        type=positive_int,
+    )
+    max_turns: int = flag(
+        4,
+        "search turns before the final answer-only turn",
+        type=non_negative_int,
+    )
+    max_obs_tokens: int = flag(
+        500,
+        "observation cap per search, in tokens",
+        type=non_negative_int,
+    )
+    max_response_tokens: int = flag(
+        4096,
+        "total response budget (all turns)",
+        type=positive_int,
+    )
+    final_turn: bool = flag(True, "an answer-only turn after the search turns (--no-final-turn: none)")
+    end_on_no_action: bool = flag(
+        False,
+        "a turn ended by EOS or its token limit with neither search nor answer ends the trajectory (default: "
+        "Search-R1's invalid-action message and another turn)",
+    )
     apply_chat_template: bool = False
 
     def __post_init__(self) -> None:
@@ -242,7 +222,7 @@ class SearchR1Config:
             raise ValueError("--serper-replay-only needs --serper-cache: the answers are replayed from it")
         if self.max_turns == 0 and not self.final_turn:
             raise ValueError("--max-turns 0 with --no-final-turn leaves no turn to generate in")
-        if self.tool_format not in ("tags", "qwen3"):
+        if self.tool_format not in TOOL_FORMATS:
             raise ValueError(f"--tool-format must be tags or qwen3, got {self.tool_format!r}")
         if self.page_access and self.search_backend != "local":
             raise ValueError("--page-access reads pages from the local retriever's /access: use --search-backend local")

@@ -24,9 +24,9 @@ class FlagSpec:
     type: Callable[[str], Any] | None = None
     choices: tuple | None = None
     aliases: tuple[str, ...] = ()  # other spellings, slime's among them where it has another name
-    slime_name: bool | str | None = (
-        None  # True, or the name slime declares this flag under, with this meaning (honoured)
-    )
+    negatable: bool = False  # a bool flag: --no-x as well (always where its default is True)
+    # True, or the name slime declares this flag under, with this meaning (honoured)
+    slime_name: bool | str | None = None
 
 
 def flag(
@@ -37,15 +37,16 @@ def flag(
     type: Callable[[str], Any] | None = None,
     choices: Iterable | None = None,
     aliases: tuple[str, ...] = (),
+    negatable: bool = False,
     slime: bool | str = False,
 ) -> Any:
-    """A field that is also a flag, `--field-name-with-dashes` or `name`; a bool field is a switch (--x if its default is False,
-    --x / --no-x if it is True). `slime`: True where slime declares the same name with this meaning, or slime's name
+    """A field that is also a flag, `--field-name-with-dashes` or `name`; a bool field is a switch (--x where its default is False,
+    --x / --no-x where it is True or `negatable`). `slime`: True where slime declares the same name with this meaning, or slime's name
     where it is one of `aliases`."""
     if isinstance(slime, str) and slime not in aliases:
         raise ValueError(f"slime's name {slime} is not among the aliases {aliases}")
     choices = tuple(choices) if choices is not None else None
-    spec = FlagSpec(help, name, type, choices, aliases, slime if slime else None)
+    spec = FlagSpec(help, name, type, choices, aliases, negatable, slime if slime else None)
     return dataclasses.field(default=default, metadata={FLAG: spec})
 
 
@@ -69,7 +70,8 @@ def add_flags(group: argparse._ActionsContainer, config_class: type) -> None:
         spec: FlagSpec = field.metadata[FLAG]
         keywords: dict[str, Any] = {"dest": flag_dest(field), "default": field.default, "help": spec.help}
         if isinstance(field.default, bool):
-            keywords["action"] = "store_true" if not field.default else argparse.BooleanOptionalAction
+            negatable = field.default or spec.negatable
+            keywords["action"] = argparse.BooleanOptionalAction if negatable else "store_true"
         else:
             if spec.type is not None:
                 keywords["type"] = spec.type
