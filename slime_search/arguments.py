@@ -92,23 +92,13 @@ def add_prompt_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def loss_type_name(name: str) -> str:
-    """slime spells the SFT loss `sft_loss`."""
-    return "sft" if name == "sft_loss" else name
-
-
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     """The loss, the importance weights against the engine's sampling, and the optimizer (slime's names; slime's
     spellings are accepted where ours differ)."""
     g = parser.add_argument_group("training")
-    g.add_argument(
-        "--loss-type",
-        type=loss_type_name,
-        default="policy_loss",
-        choices=["policy_loss", "sft"],
-        help="policy_loss: GRPO's clipped policy gradient; sft: cross-entropy on the response tokens (slime's "
-        "sft_loss is accepted)",
-    )
+    from slime_search.config.loss import LossConfig
+
+    add_flags(g, LossConfig)
     g.add_argument(
         "--advantage-estimator",
         default="grpo",
@@ -122,52 +112,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         const="dr_grpo",
         help="slime's spelling of --advantage-estimator dr_grpo",
     )
-    g.add_argument(
-        "--eps-clip", type=non_negative_float, default=0.2, help="PPO clip: the ratio is clipped below at 1 - eps"
-    )
-    g.add_argument(
-        "--eps-clip-high",
-        type=non_negative_float,
-        default=0.28,
-        help="PPO clip-higher: the ratio is clipped above at 1 + eps-high",
-    )
-    g.add_argument(
-        "--eps-clip-c",
-        type=float,
-        default=None,
-        help="dual clip, > 1: a token with a negative advantage A costs at most -c x A however large its ratio "
-        "(default: off)",
-    )
     g.add_argument("--use-kl-loss", action="store_true", help="KL to the reference model (--kl-loss-coef)")
-    g.add_argument("--kl-loss-coef", type=non_negative_float, default=0.0, help="weight of the KL term in the loss")
-    g.add_argument(
-        "--kl-loss-type",
-        default="low_var_kl",
-        choices=["k1", "k2", "k3", "low_var_kl"],
-        help="KL estimator: k1 log-ratio, k2 its square / 2, k3 = low_var_kl (clamped to [-10, 10])",
-    )
-    g.add_argument("--entropy-coef", type=float, default=0.0, help="weight of the entropy bonus")
-    g.add_argument(
-        "--llds-coef",
-        type=non_negative_float,
-        default=0.0,
-        help="weight of a likelihood-preserving term (LLDS-style): on responses whose likelihood fell below the "
-        "old policy's, the tokens that lost likelihood are pushed back; acts from a rollout's second optimizer step "
-        "(--global-batch-size below the rollout), 0: off",
-    )
     g.add_argument(
         "--calculate-per-token-loss",
         action="store_true",
         help="average the loss over every response token of the step (token_mean); default: over each sequence's "
         "tokens, then over the sequences (sequence_mean)",
     )
-    g.add_argument(
-        "--use-tis",
-        action="store_true",
-        help="truncated importance sampling against the engine: each token's loss is weighted by "
-        "clamp(p_trainer / p_engine, --tis-clip-low, --tis-clip)",
-    )
-    g.add_argument("--tis-cap", "--tis-clip", type=positive_float, default=2.0, help="upper clamp of the TIS weights")
     g.add_argument(
         "--tis-clip-low", type=non_negative_float, default=0.0, help="lower clamp of the TIS weights (0: none)"
     )
@@ -222,7 +173,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="normalise the MIS weights to mean 1 over the global batch",
     )
-    from slime_search.backends.megatron.optim_config import OptimConfig
+    from slime_search.config.optim import OptimConfig
 
     add_flags(g, OptimConfig)
     g.add_argument("--max-tokens-per-gpu", type=positive_int, default=4096, help="token budget of a packed micro-batch")

@@ -75,23 +75,17 @@ def lr_decay_iters(args: argparse.Namespace) -> int | None:
 
 def actor_config(args: argparse.Namespace, vocab_size: int):
     from slime_search.backends.megatron.actor import ActorConfig
-    from slime_search.backends.megatron.loss import LossConfig
-    from slime_search.backends.megatron.optim_config import OptimConfig
+    from slime_search.config.loss import LossConfig
+    from slime_search.config.optim import OptimConfig
 
     use_tis, mis = importance_weights(args)
     return ActorConfig(
-        loss=LossConfig(
-            loss_type=args.loss_type,
-            eps_clip=args.eps_clip,
-            eps_clip_high=args.eps_clip_high,
-            eps_clip_c=args.eps_clip_c,
+        loss=from_flags(
+            LossConfig,
+            args,
             kl_coef=args.kl_loss_coef if args.use_kl_loss else 0.0,
-            kl_loss_type=args.kl_loss_type,
-            entropy_coef=args.entropy_coef,
-            llds_coef=args.llds_coef,
             reduction="token_mean" if args.calculate_per_token_loss else "sequence_mean",
             use_tis=use_tis,
-            tis_cap=args.tis_cap,
             mis=mis,
             custom_tis=custom_tis(args),
             temperature=args.rollout_temperature,

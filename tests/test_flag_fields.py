@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from slime_search.arguments import build_parser, parse_args
-from slime_search.backends.megatron.optim_config import OptimConfig
 from slime_search.compat.flags import declared_in_fields, vocabulary
+from slime_search.config.loss import LossConfig
+from slime_search.config.optim import OptimConfig
 from slime_search.health.config import HealthConfig, health_config
 from slime_search.run_config import actor_config
 from slime_search.search_r1.config import SearchR1Config
@@ -56,7 +57,7 @@ def test_a_config_class_declares_its_flags_and_is_built_back_from_them():
         flag(1, "x", slime="--other")
 
 
-@pytest.mark.parametrize("config_class", [OptimConfig, HealthConfig, SearchR1Config])
+@pytest.mark.parametrize("config_class", [OptimConfig, LossConfig, HealthConfig, SearchR1Config])
 def test_the_parsers_defaults_are_the_configs_own(config_class):
     """The drift this prevents: a parser default and a dataclass default for one flag, kept apart by hand."""
     parser = build_parser()
@@ -69,12 +70,21 @@ def test_the_parsers_defaults_are_the_configs_own(config_class):
 def test_the_configs_built_from_default_flags_are_the_default_configs():
     args = parse_args(BASE)
     assert actor_config(args, vocab_size=100).optim == OptimConfig()
+    assert actor_config(args, vocab_size=100).loss == LossConfig(vocab_size=100)
     assert health_config(args) == HealthConfig()
     task = SearchR1Config.from_args(argparse.Namespace(**{**vars(args), "engine_url": "http://e"}))
     assert task == SearchR1Config(engine_urls=("http://e",), tokenizer_path="ckpt", serper_ledger=task.serper_ledger)
     guarded = parse_args([*BASE, "--health-grad-spike", "4", "--no-health-guard", "--max-rollbacks", "0"])
     assert (health_config(guarded).grad_spike, health_config(guarded).enabled) == (4.0, False)
     assert health_config(guarded).max_rollbacks == 0
+
+
+def test_slimes_spellings_reach_the_loss_config():
+    args = parse_args([*BASE, "--loss-type", "sft_loss", "--tis-clip", "3"])
+    loss = actor_config(args, vocab_size=100).loss
+    assert (loss.loss_type, loss.tis_cap) == ("sft", 3.0)
+    with pytest.raises(ValueError, match="unknown --kl-loss-type 'k4'"):
+        LossConfig(kl_loss_type="k4")
 
 
 def test_the_optimizer_flags_reach_the_optimizer_config():
@@ -93,9 +103,11 @@ def test_an_optim_config_built_in_code_is_checked_as_its_flags_are():
         OptimConfig(lr_decay_style="step")
 
 
-def test_slimes_optimizer_names_are_honoured_from_the_fields_and_named_nowhere_else():
+def test_slimes_names_are_honoured_from_the_fields_and_named_nowhere_else():
     names = declared_in_fields()
     assert {"--lr", "--min-lr", "--adam-beta1", "--adam-beta2", "--clip-grad", "--optimizer"} <= set(names)
+    assert {"--loss-type", "--eps-clip-high", "--use-tis", "--tis-clip"} <= set(names)
+    assert "--tis-cap" not in names and "--llds-coef" not in names  # ours, not slime's
     vocab = vocabulary()
     assert all(vocab.flags[name].answer == "honoured" for name in names)
     import tomllib

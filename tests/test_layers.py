@@ -14,6 +14,7 @@ PACKAGES = ("slime_search", "megatron_bridge", "local_dense_retriever", "benchma
 # the run folder, the report, evaluation, the miniature) sit above every stage; instruments and tools above all.
 LAYERS = (
     ("slime_search.utils", "slime_search.types", "slime_search.plugins", "slime_search.compat", "slime_search.algo",
+     "slime_search.config",
      "slime_search.models", "slime_search.metrics", "slime_search.evaluation", "megatron_bridge",
      "local_dense_retriever"),
     ("slime_search.engines", "slime_search.backends"),

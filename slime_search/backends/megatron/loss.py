@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,45 +23,11 @@ from slime_search.algo import (
     reduce_loss,
     vanilla_tis_weights,
 )
-from slime_search.backends.megatron.custom_tis import CustomTIS, call_tis_function
+from slime_search.backends.megatron.custom_tis import call_tis_function
 from slime_search.backends.megatron.logprobs import entropy, token_log_probs
 from slime_search.backends.megatron.packing import PackedBatch
+from slime_search.config.loss import LossConfig
 from slime_search.types import TrainSample
-
-LOSS_TYPES = ("policy_loss", "sft")
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    loss_type: str = "policy_loss"
-    eps_clip: float = 0.2
-    eps_clip_high: float = 0.28
-    eps_clip_c: float | None = None
-    kl_coef: float = 0.0
-    kl_loss_type: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    llds_coef: float = 0.0  # likelihood preservation (algo.likelihood_preservation)
-    reduction: str = "sequence_mean"
-    use_tis: bool = False  # vanilla TIS: clamp(exp(old - rollout), 0, tis_cap)
-    tis_cap: float = 2.0
-    mis: ISConfig | None = None  # the general form (levels, modes, rejection, veto, batch normalisation)
-    custom_tis: CustomTIS | None = None  # slime's --custom-tis-function-path, in place of vanilla TIS
-    temperature: float = 1.0
-    vocab_size: int | None = None  # the real vocabulary: Megatron's padding columns are excluded
-
-    @property
-    def uses_old_log_probs(self) -> bool:
-        """Whether the loss needs the policy's log-probs from before the step (PPO's ratio, TIS, MIS). SFT's does not:
-        it is the demonstration's likelihood under the current weights, so no forward pass is spent on them."""
-        return self.loss_type != "sft"
-
-    def __post_init__(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"unknown --loss-type {self.loss_type!r}; valid: {', '.join(LOSS_TYPES)}")
-        if self.use_tis and self.mis is not None:
-            raise ValueError("choose vanilla TIS (--use-tis) or the general MIS configuration, not both")
-        if self.custom_tis is not None and (self.use_tis or self.mis is not None or self.loss_type == "sft"):
-            raise ValueError("a custom TIS function takes the place of vanilla TIS and MIS, in the policy loss only")
 
 
 def local_batch_counts(samples: list[TrainSample], device: torch.device) -> torch.Tensor:

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from slime_search.backends.megatron.optim_config import OptimConfig
+from slime_search.config.optim import OptimConfig
 
 
 def learning_rate(step: int, config: OptimConfig) -> float:
