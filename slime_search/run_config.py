@@ -230,7 +230,7 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
             disk_dir=str(Path(args.save) / "weights"),
             ranks_per_engine=engines.ranks_per_engine,
         ),
-        schedule=ScheduleConfig(args.async_mode, args.max_staleness, args.max_token_lag, args.async_batch_order),
+        schedule=from_flags(ScheduleConfig, args),
         wandb=(args.use_wandb, args.wandb_project, args.wandb_group),
         health=health_config(args),
         eval_engine=eval_engine_config(args, engines) if args.eval_engine else None,

@@ -11,7 +11,8 @@ from slime_search.compat.flags import declared_in_fields, vocabulary
 from slime_search.config.loss import LossConfig
 from slime_search.config.optim import OptimConfig
 from slime_search.health.config import HealthConfig, health_config
-from slime_search.run_config import actor_config
+from slime_search.rollout.schedule import ScheduleConfig
+from slime_search.run_config import actor_config, run_config
 from slime_search.search_r1.config import SearchR1Config
 from slime_search.utils.flag_fields import (
     add_flags,
@@ -57,7 +58,7 @@ def test_a_config_class_declares_its_flags_and_is_built_back_from_them():
         flag(1, "x", slime="--other")
 
 
-@pytest.mark.parametrize("config_class", [OptimConfig, LossConfig, HealthConfig, SearchR1Config])
+@pytest.mark.parametrize("config_class", [OptimConfig, LossConfig, ScheduleConfig, HealthConfig, SearchR1Config])
 def test_the_parsers_defaults_are_the_configs_own(config_class):
     """The drift this prevents: a parser default and a dataclass default for one flag, kept apart by hand."""
     parser = build_parser()
@@ -72,6 +73,9 @@ def test_the_configs_built_from_default_flags_are_the_default_configs():
     assert actor_config(args, vocab_size=100).optim == OptimConfig()
     assert actor_config(args, vocab_size=100).loss == LossConfig(vocab_size=100)
     assert health_config(args) == HealthConfig()
+    assert run_config(args, vocab_size=100, use_gpu=False).schedule == ScheduleConfig()
+    fully = parse_args([*BASE, "--async-mode", "fully", "--max-staleness", "3", "--async-batch-order", "admission"])
+    assert run_config(fully, vocab_size=100, use_gpu=False).schedule == ScheduleConfig("fully", 3, None, "admission")
     task = SearchR1Config.from_args(argparse.Namespace(**{**vars(args), "engine_url": "http://e"}))
     assert task == SearchR1Config(engine_urls=("http://e",), tokenizer_path="ckpt", serper_ledger=task.serper_ledger)
     guarded = parse_args([*BASE, "--health-grad-spike", "4", "--no-health-guard", "--max-rollbacks", "0"])
