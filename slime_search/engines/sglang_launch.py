@@ -104,7 +104,9 @@ def engine_specs(
     ]
 
 
-def router_command(host: str, port: int) -> list[str]:
+def router_command(host: str, port: int, metrics_port: int) -> list[str]:
+    """The router's metrics on a port of their own on `host`: its default, 29000 on every interface, is taken by the
+    first router on a machine, and a second (another run, or this one's restarted) would exit at start."""
     return [
         "-m",
         "sglang_router.launch_router",
@@ -112,6 +114,10 @@ def router_command(host: str, port: int) -> list[str]:
         host,
         "--port",
         str(port),
+        "--prometheus-host",
+        host,
+        "--prometheus-port",
+        str(metrics_port),
         "--disable-health-check",
         "--disable-circuit-breaker",
     ]
@@ -185,15 +191,14 @@ def engine_process(
 
 
 def start_router(host: str, port: int, env: dict[str, str] | None = None, python: str | None = None) -> ServerProcess:
-    """The router on `port` (a free one when 0: picked only now, since starting engines take ports of their own)."""
-    if not port:
-        from slime_search.utils.net import free_port
+    """The router on `port` (a free one when 0: picked only now, since starting engines take ports of their own), its
+    metrics on another free one."""
+    from slime_search.utils.net import free_port
 
-        port = free_port()
+    port = port or free_port()
     url = f"http://{host}:{port}"
-    return ServerProcess(
-        router_command(host, port), health_path="/health", timeout=120, url=url, env=env, python=python
-    )
+    command = router_command(host, port, metrics_port=free_port())
+    return ServerProcess(command, health_path="/health", timeout=120, url=url, env=env, python=python)
 
 
 def register_all(router: ServerProcess, worker_urls: list[str]) -> None:

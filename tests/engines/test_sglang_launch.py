@@ -31,13 +31,18 @@ def test_engine_specs_split_gpus_into_engines():
         engine_specs("/ckpt", num_gpus=3, gpus_per_engine=2, first_port=1)
     # no router health checks: SGLang's /health generates a token, which an engine that released its memory to a
     # colocated trainer must not do, and which outlasts the router's 5 s probe while a weight update holds it
-    assert router_command("127.0.0.1", 3000) == [
+    # the metrics on a port of the run's own: the router's default 29000 on 0.0.0.0 makes a second router exit
+    assert router_command("127.0.0.1", 3000, metrics_port=3001) == [
         "-m",
         "sglang_router.launch_router",
         "--host",
         "127.0.0.1",
         "--port",
         "3000",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        "3001",
         "--disable-health-check",
         "--disable-circuit-breaker",
     ]

@@ -101,3 +101,21 @@ def test_a_dead_engine_leaves_the_router_and_returns_to_it_once_restarted(tiny_c
         assert generate().status_code == 200
     finally:
         engines.stop()
+
+
+def test_two_routers_run_side_by_side_on_one_machine():
+    """Two runs on one machine (or a router restarted while the old one's port lingers): the router's metrics
+    default to port 29000 on every interface, where a second router exited at start."""
+    from slime_search.engines.sglang_launch import start_router
+
+    python = sglang_cpu.python()
+    first = start_router("127.0.0.1", 0, env=sglang_cpu.CPU_ENV, python=python)
+    try:
+        second = start_router("127.0.0.1", 0, env=sglang_cpu.CPU_ENV, python=python)
+        try:
+            for router in (first, second):
+                assert httpx.get(f"{router.url}/health", timeout=10).status_code == 200
+        finally:
+            second.stop()
+    finally:
+        first.stop()
