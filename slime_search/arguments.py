@@ -11,6 +11,7 @@ import argparse
 from functools import partial
 
 from slime_search.compat.flags import add_slime_flags, apply_slime_flags, no_save_hf_path, unknown_flags_message
+from slime_search.config.engines import EngineConfig
 from slime_search.evaluation.flags import add_evaluation_arguments
 from slime_search.evaluation.subsets import add_eval_subset_arguments
 from slime_search.health.config import add_health_arguments, health_config
@@ -21,7 +22,6 @@ from slime_search.utils.flag_fields import add_flags
 from slime_search.utils.flag_types import (
     non_negative_float,
     non_negative_int,
-    port,
     positive_float,
     positive_int,
     probability,
@@ -31,42 +31,13 @@ from slime_search.weight_sync.transports import TRANSPORTS, default_transport, t
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engines")
-    g.add_argument(
-        "--rollout-num-gpus", type=non_negative_int, default=0, help="GPUs for SGLang engines (0: the CPU engine)"
-    )
-    g.add_argument(
-        "--rollout-num-gpus-per-engine",
-        type=positive_int,
-        default=1,
-        help="GPUs of one SGLang engine (its tensor-parallel size); must divide --rollout-num-gpus",
-    )
-    g.add_argument(
-        "--sglang-mem-fraction-static",
-        type=probability,
-        default=0.8,
-        help="share of each engine GPU's memory SGLang takes for weights and KV cache",
-    )
-    g.add_argument("--sglang-router-port", type=port, default=0, help="port of the SGLang router (0: a free one)")
-    g.add_argument(
-        "--engine-url", default=None, help="use these running engines (URL[,URL...]) instead of starting any"
-    )
-    g.add_argument(
-        "--engine-max-batch-size", type=positive_int, default=32, help="CPU engine: sequences decoded together"
-    )
-    g.add_argument("--cpu-engines", type=positive_int, default=1, help="CPU engine servers on a machine without GPUs")
+    add_flags(g, EngineConfig)
     g.add_argument(
         "--cpu-engine-args",
         default="",
         help="more arguments for every CPU engine server this run starts, as one string: its injected faults "
         "(--decode-delay-ms, --freeze-weights-after) for measuring the health guard; write it "
         "--cpu-engine-args='--decode-delay-ms 20' (with '=': the value starts with --)",
-    )
-    g.add_argument(
-        "--engine-health-timeout",
-        type=positive_float,
-        default=60.0,
-        help="seconds an engine has to generate one token in the check after each rollout; one that fails it (or has "
-        "exited) is started again and takes the next weight push",
     )
 
 

@@ -99,21 +99,16 @@ def actor_config(args: argparse.Namespace, vocab_size: int):
 
 def engine_config(args: argparse.Namespace, use_gpu: bool, colocated_gpus: int = 0):
     """`colocated_gpus`: the actor's GPUs, which colocated engines take (one engine GPU per actor GPU)."""
-    from slime_search.engines.deployment import EngineConfig
+    from slime_search.config.engines import EngineConfig
 
     colocated = bool(colocated_gpus) and use_gpu
-    return EngineConfig(
+    return from_flags(
+        EngineConfig,
+        args,
         model_path=args.hf_checkpoint,
-        engine_url=args.engine_url,
         num_gpus=colocated_gpus if colocated else args.rollout_num_gpus,
-        gpus_per_engine=args.rollout_num_gpus_per_engine,
-        mem_fraction_static=args.sglang_mem_fraction_static,
-        router_port=args.sglang_router_port,
         memory_saver=colocated,
-        cpu_engines=args.cpu_engines,
         cpu_engine_args=tuple(shlex.split(args.cpu_engine_args)),
-        cpu_max_batch_size=args.engine_max_batch_size,
-        health_timeout_s=args.engine_health_timeout,
         seed=args.seed,
     )
 

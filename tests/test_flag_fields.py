@@ -8,6 +8,7 @@ import pytest
 
 from slime_search.arguments import build_parser, parse_args
 from slime_search.compat.flags import declared_in_fields, vocabulary
+from slime_search.config.engines import EngineConfig
 from slime_search.config.loss import LossConfig
 from slime_search.config.optim import OptimConfig
 from slime_search.health.config import HealthConfig, health_config
@@ -58,7 +59,9 @@ def test_a_config_class_declares_its_flags_and_is_built_back_from_them():
         flag(1, "x", slime="--other")
 
 
-@pytest.mark.parametrize("config_class", [OptimConfig, LossConfig, ScheduleConfig, HealthConfig, SearchR1Config])
+@pytest.mark.parametrize(
+    "config_class", [EngineConfig, OptimConfig, LossConfig, ScheduleConfig, HealthConfig, SearchR1Config]
+)
 def test_the_parsers_defaults_are_the_configs_own(config_class):
     """The drift this prevents: a parser default and a dataclass default for one flag, kept apart by hand."""
     parser = build_parser()
@@ -73,7 +76,9 @@ def test_the_configs_built_from_default_flags_are_the_default_configs():
     assert actor_config(args, vocab_size=100).optim == OptimConfig()
     assert actor_config(args, vocab_size=100).loss == LossConfig(vocab_size=100)
     assert health_config(args) == HealthConfig()
-    assert run_config(args, vocab_size=100, use_gpu=False).schedule == ScheduleConfig()
+    built = run_config(args, vocab_size=100, use_gpu=False)
+    assert built.schedule == ScheduleConfig()
+    assert built.rollout.engines == EngineConfig(model_path="ckpt", seed=parse_args(BASE).seed)
     fully = parse_args([*BASE, "--async-mode", "fully", "--max-staleness", "3", "--async-batch-order", "admission"])
     assert run_config(fully, vocab_size=100, use_gpu=False).schedule == ScheduleConfig("fully", 3, None, "admission")
     task = SearchR1Config.from_args(argparse.Namespace(**{**vars(args), "engine_url": "http://e"}))
@@ -111,6 +116,7 @@ def test_slimes_names_are_honoured_from_the_fields_and_named_nowhere_else():
     names = declared_in_fields()
     assert {"--lr", "--min-lr", "--adam-beta1", "--adam-beta2", "--clip-grad", "--optimizer"} <= set(names)
     assert {"--loss-type", "--eps-clip-high", "--use-tis", "--tis-clip"} <= set(names)
+    assert {"--rollout-num-gpus", "--rollout-num-gpus-per-engine", "--sglang-mem-fraction-static"} <= set(names)
     assert "--tis-cap" not in names and "--llds-coef" not in names  # ours, not slime's
     vocab = vocabulary()
     assert all(vocab.flags[name].answer == "honoured" for name in names)

@@ -115,11 +115,12 @@ class Vocabulary:
 
 def declared_in_fields() -> list[str]:
     """slime's names that the typed configs' flag fields carry (each declared once, as its field): honoured."""
+    from slime_search.config.engines import EngineConfig
     from slime_search.config.loss import LossConfig
     from slime_search.config.optim import OptimConfig
     from slime_search.utils.flag_fields import slime_flag_names
 
-    return slime_flag_names([LossConfig, OptimConfig])
+    return slime_flag_names([EngineConfig, LossConfig, OptimConfig])
 
 
 @cache

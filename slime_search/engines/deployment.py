@@ -16,37 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slime_search.config.engines import EngineConfig
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    model_path: str  # HF folder the engines load (weights, tokenizer)
-    engine_url: str | None = None  # use these running engines (comma-separated addresses) instead of starting any
-    num_gpus: int = 0  # SGLang engines on this many GPUs; 0: CPU engine servers
-    gpus_per_engine: int = 1
-    mem_fraction_static: float = 0.8
-    router_port: int = 0  # 0: a free port
-    memory_saver: bool = False  # colocated: SGLang's memory saver, so the engines can hand memory to the trainer
-    cpu_engines: int = 1  # CPU engine servers on a CPU machine (--cpu-engines)
-    cpu_max_batch_size: int = 32  # CPU engine: sequences decoded together
-    cpu_engine_args: tuple[str, ...] = ()  # more arguments of every CPU engine server (injected faults)
-    seed: int = 1234
-    health_timeout_s: float = 60.0  # an engine that does not generate one token in this time is down
-
-    def __post_init__(self) -> None:
-        if self.num_gpus < 0 or self.gpus_per_engine <= 0 or self.num_gpus % self.gpus_per_engine:
-            raise ValueError(
-                f"--rollout-num-gpus {self.num_gpus} is not a multiple of --rollout-num-gpus-per-engine "
-                f"{self.gpus_per_engine}"
-            )
-        if self.cpu_engines < 1:
-            raise ValueError(f"--cpu-engines must be >= 1, got {self.cpu_engines}")
-
-    @property
-    def ranks_per_engine(self) -> int:
-        """Process-group ranks (GPUs) of one engine; a CPU engine (or a given one) is one rank."""
-        return self.gpus_per_engine if self.num_gpus else 1
 
 
 @dataclass
