@@ -16,7 +16,9 @@ import pytest
 
 from slime_search.utils.net import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# 900 s: the main job alone takes about 2 minutes, beside the other worker's end-to-end runs 459 s (a fresh clone,
+# 2026-12-02), and CI's machines run the suite about 1.35x slower than that (docs/benchmarks/test_suite.md)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
 
 
