@@ -72,13 +72,19 @@ def imported_distributions(stderr: str) -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
+MODULE_SUFFIXES = (".py", ".so", ".pyd")  # a module's source, or its compiled extension (_message.abi3.so)
+
+
 def _ships(distribution: str, module: str, shipped: dict[str, set[str]]) -> bool:
-    """Whether `distribution` installs `module` (a package folder or a .py file of that dotted name)."""
+    """Whether `distribution` installs `module`: a package folder of it, or a source or extension module by that
+    dotted name."""
     if distribution not in shipped:
-        files = importlib.metadata.files(distribution) or []
-        shipped[distribution] = {str(path.parent).replace("/", ".") for path in files if path.suffix == ".py"} | {
-            str(path.with_suffix("")).replace("/", ".") for path in files if path.suffix == ".py"
-        }
+        modules = set()
+        for path in importlib.metadata.files(distribution) or []:
+            if path.suffix in MODULE_SUFFIXES:
+                modules.add(".".join(path.parent.parts))
+                modules.add(".".join((*path.parent.parts, path.name.split(".", 1)[0])))
+        shipped[distribution] = modules
     return module in shipped[distribution]
 
 

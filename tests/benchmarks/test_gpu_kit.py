@@ -234,4 +234,6 @@ def test_a_namespace_module_counts_only_the_distribution_that_ships_it():
         pytest.skip(f"`google` has one distribution here ({owners}): no namespace to tell apart")
     found = imported_distributions("import time:       120 |        340 |   google.protobuf\n")
     assert found == {"protobuf": importlib.metadata.version("protobuf")}
+    # a compiled module of the namespace (protobuf's google/_upb/_message.abi3.so) counts too
+    assert imported_distributions("import time: 1 | 1 | google._upb._message\n").keys() == {"protobuf"}
     assert imported_distributions("import time: 1 | 1 | torch\nnot an import line | google\n").keys() == {"torch"}
