@@ -28,13 +28,15 @@ from pathlib import Path
 
 def build_parser() -> argparse.ArgumentParser:
     from slime_search.arguments import add_engine_arguments, add_prompt_arguments
+    from slime_search.evaluation.flags import EvalConfig
     from slime_search.evaluation.subsets import add_eval_subset_arguments
     from slime_search.search_r1.config import add_search_r1_arguments
+    from slime_search.utils.flag_fields import add_flags
     from slime_search.utils.flag_types import non_negative_float, non_negative_int, positive_int
 
     parser = argparse.ArgumentParser(description="evaluate a search-calling policy on QA sets")
     parser.add_argument("--hf-checkpoint", default=None, help="HF folder: tokenizer (and weights to serve)")
-    parser.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH", help="pairs of name and path")
+    add_flags(parser, EvalConfig, only=("prompt_data",))
     modes = parser.add_mutually_exclusive_group()
     modes.add_argument("--grade", nargs="+", default=None, metavar="FILE", help="grade trajectories or samples")
     modes.add_argument(
@@ -141,13 +143,12 @@ def evaluate(args: argparse.Namespace, work: Path) -> list:
     after; the --max-samples files written to `work` are removed at the end."""
     import torch
 
-    from slime_search.arguments import eval_sets
     from slime_search.engines.deployment import start_engines
     from slime_search.evaluation.subsets import eval_subset
     from slime_search.plugins import Plugins
     from slime_search.rollout.data_source import DataConfig
     from slime_search.rollout.manager import evaluation_samples, plugin_args_for, run_rollout
-    from slime_search.run_config import engine_config, sampling_params
+    from slime_search.run_config import engine_config, eval_sets, sampling_params
 
     sets = tuple((name, limited(path, args.max_samples, work)) for name, path in eval_sets(args))
     try:
@@ -249,8 +250,9 @@ def compare_files(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     import shutil
 
-    from slime_search.arguments import check_engine_flags, check_or_exit, check_plugins, eval_sets, preflight
+    from slime_search.arguments import check_engine_flags, check_or_exit, check_plugins, preflight
     from slime_search.plugins import load_function
+    from slime_search.run_config import eval_sets
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -1,18 +1,79 @@
 """The typed configuration of every component, built once from the parsed flags (`run_config`): the driver hands
 these to the components, which never read the flags themselves. (The plugins still receive the flags as `args`,
-slime's plugin contract.)"""
+slime's plugin contract.) Each flag is a field of one config class (`slime_search.config`, utils.flag_fields);
+`typed_flags` builds every class the flags alone determine, and building one checks it."""
 
 from __future__ import annotations
 
 import argparse
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_search.arguments import eval_sets, steps_per_rollout, weight_transport
-from slime_search.evaluation.subsets import eval_subset
+from slime_search.config.checkpoints import CheckpointConfig
+from slime_search.config.cluster import ClusterConfig
+from slime_search.config.logs import LogConfig
+from slime_search.config.rollout import DataConfig, RolloutConfig, RolloutManagerConfig, SamplingConfig
+from slime_search.config.training import ImportanceWeightsConfig, TrainingConfig
+from slime_search.evaluation.flags import EvalConfig
+from slime_search.evaluation.subsets import EvalSubset
 from slime_search.health.config import HealthConfig, health_config
+from slime_search.rollout.schedule import ScheduleConfig
 from slime_search.utils.flag_fields import from_flags
+from slime_search.weight_sync.transports import default_transport
+
+
+@dataclass(frozen=True)
+class TypedFlags:
+    """The parsed flags as the config classes they declare, each built once (its construction checks it). The loss,
+    the optimizer and the engines take fields from the run as well: `actor_config` and `engine_config` build them."""
+
+    checkpoints: CheckpointConfig
+    cluster: ClusterConfig
+    data: DataConfig
+    rollout: RolloutConfig
+    sampling: SamplingConfig
+    training: TrainingConfig
+    importance: ImportanceWeightsConfig
+    evaluation: EvalConfig
+    eval_subset: EvalSubset
+    logs: LogConfig
+    schedule: ScheduleConfig
+    health: HealthConfig
+
+
+def typed_flags(args: argparse.Namespace) -> TypedFlags:
+    training = from_flags(TrainingConfig, args)
+    return TypedFlags(
+        checkpoints=from_flags(CheckpointConfig, args),
+        cluster=from_flags(ClusterConfig, args),
+        data=from_flags(DataConfig, args),
+        rollout=from_flags(RolloutConfig, args, normalize_advantages_std=training.advantage_estimator == "grpo"),
+        sampling=from_flags(SamplingConfig, args),
+        training=training,
+        importance=from_flags(ImportanceWeightsConfig, args),
+        evaluation=from_flags(EvalConfig, args),
+        eval_subset=from_flags(EvalSubset, args),
+        logs=from_flags(LogConfig, args),
+        schedule=from_flags(ScheduleConfig, args),
+        health=health_config(args),
+    )
+
+
+def steps_per_rollout(args: argparse.Namespace) -> int:
+    """Optimizer steps per rollout: the rollout's samples over --global-batch-size (one without it)."""
+    if args.global_batch_size is None:
+        return 1
+    return args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size
+
+
+def weight_transport(args: argparse.Namespace) -> str:
+    """--update-weight-transport, or the fastest transport the placement allows."""
+    return args.update_weight_transport or default_transport(args.colocate, bool(args.rollout_num_gpus))
+
+
+def eval_sets(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """--eval-prompt-data NAME PATH [NAME PATH ...] as (name, path) pairs (also for the eval CLI's flags)."""
+    return EvalConfig(prompt_data=tuple(args.eval_prompt_data)).sets
 
 
 def model_source(args: argparse.Namespace):
@@ -37,28 +98,6 @@ def model_source(args: argparse.Namespace):
     return ModelSource(args.hf_checkpoint, args.load, args.use_kl_loss, args.ref_load, overrides)
 
 
-def importance_weights(args: argparse.Namespace):
-    """LossConfig's (use_tis, mis): vanilla TIS, the general form (--use-mis), or neither (also when a custom TIS
-    function takes vanilla TIS's place: `custom_tis`)."""
-    from slime_search.algo.importance import ISConfig
-
-    if args.custom_tis_function_path is not None:
-        return False, None
-    if args.use_mis:
-        return False, ISConfig(
-            level=args.mis_level,
-            mode=args.mis_mode,
-            upper=args.mis_upper,
-            lower=args.mis_lower,
-            veto_threshold=args.mis_veto_threshold,
-            batch_normalize=args.mis_batch_normalize,
-        )
-    if args.use_tis and args.tis_clip_low > 0:
-        # slime's clamp(w, --tis-clip-low, --tis-clip) per token is the general form at token level in clip mode
-        return False, ISConfig(level="token", mode="clip", upper=args.tis_cap, lower=args.tis_clip_low)
-    return args.use_tis, None
-
-
 def custom_tis(args: argparse.Namespace):
     """--custom-tis-function-path with the flags it reads (slime passes its TIS function `args`), or None."""
     from slime_search.backends.megatron.custom_tis import CustomTIS
@@ -78,13 +117,14 @@ def actor_config(args: argparse.Namespace, vocab_size: int):
     from slime_search.config.loss import LossConfig
     from slime_search.config.optim import OptimConfig
 
-    use_tis, mis = importance_weights(args)
+    training = from_flags(TrainingConfig, args)
+    use_tis, mis = from_flags(ImportanceWeightsConfig, args).resolve(args.use_tis, args.tis_cap)
     return ActorConfig(
         loss=from_flags(
             LossConfig,
             args,
-            kl_coef=args.kl_loss_coef if args.use_kl_loss else 0.0,
-            reduction="token_mean" if args.calculate_per_token_loss else "sequence_mean",
+            kl_coef=args.kl_loss_coef if training.use_kl_loss else 0.0,
+            reduction=training.reduction,
             use_tis=use_tis,
             mis=mis,
             custom_tis=custom_tis(args),
@@ -92,7 +132,7 @@ def actor_config(args: argparse.Namespace, vocab_size: int):
             vocab_size=vocab_size,
         ),
         optim=from_flags(OptimConfig, args, lr_decay_iters=lr_decay_iters(args)),
-        max_tokens_per_micro_batch=args.max_tokens_per_gpu,
+        max_tokens_per_micro_batch=training.max_tokens_per_gpu,
         probe_tokens=args.health_probe_tokens,
     )
 
@@ -108,47 +148,29 @@ def engine_config(args: argparse.Namespace, use_gpu: bool, colocated_gpus: int =
         model_path=args.hf_checkpoint,
         num_gpus=colocated_gpus if colocated else args.rollout_num_gpus,
         memory_saver=colocated,
-        cpu_engine_args=tuple(shlex.split(args.cpu_engine_args)),
         seed=args.seed,
     )
 
 
 def sampling_params(args: argparse.Namespace, greedy: bool = False) -> dict[str, Any]:
-    """What the engines sample with; a training rollout's `sampling_seed` is the base of each trajectory's own."""
-    if greedy:
-        return {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": args.rollout_max_response_len}
-    return {
-        "temperature": args.rollout_temperature,
-        "top_p": args.rollout_top_p,
-        "max_new_tokens": args.rollout_max_response_len,
-        "sampling_seed": args.rollout_seed,
-    }
+    """What the engines sample with: a training rollout's (seeded by --rollout-seed) or an evaluation's (greedy)."""
+    if greedy:  # the eval CLI declares only --rollout-max-response-len of the sampling flags
+        return SamplingConfig(max_new_tokens=args.rollout_max_response_len).greedy_params()
+    return from_flags(SamplingConfig, args).params(args.rollout_seed)
 
 
-def rollout_manager_config(args: argparse.Namespace, engines):
-    from slime_search.rollout.data_source import DataConfig
-    from slime_search.rollout.manager import RolloutManagerConfig
-    from slime_search.rollout.rollout import RolloutConfig
-
-    return RolloutManagerConfig(
+def rollout_manager_config(args: argparse.Namespace, engines) -> RolloutManagerConfig:
+    flags = typed_flags(args)
+    return from_flags(
+        RolloutManagerConfig,
+        args,
         engines=engines,
-        data=DataConfig(
-            args.prompt_data, args.input_key, args.label_key, shuffle=args.rollout_shuffle, seed=args.rollout_seed
-        ),
-        rollout=RolloutConfig(
-            batch_size=args.rollout_batch_size,
-            n_samples_per_prompt=args.n_samples_per_prompt,
-            filter_zero_std=args.over_sampling_filter_zero_std,
-            max_concurrency=args.rollout_concurrency,
-            reward_key=args.reward_key,
-            normalize_advantages_std=args.advantage_estimator == "grpo",
-        ),
-        generate_path=args.custom_generate_function_path,
-        reward_path=args.custom_rm_path,
-        sampling_params=sampling_params(args),
-        eval_sampling_params=sampling_params(args, greedy=True),
-        eval_sets=eval_sets(args),
-        eval_subset=eval_subset(args),
+        data=flags.data,
+        rollout=flags.rollout,
+        sampling_params=flags.sampling.params(flags.data.seed),
+        eval_sampling_params=flags.sampling.greedy_params(),
+        eval_sets=flags.evaluation.sets,
+        eval_subset=flags.eval_subset,
         log_dir=args.save,
     )
 
@@ -196,40 +218,44 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
     from pathlib import Path
 
     from slime_search.ray.train_group import TrainGroupConfig
-    from slime_search.rollout.schedule import ScheduleConfig
     from slime_search.weight_sync.transport_base import WeightSyncConfig
 
-    actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
-    engines = engine_config(args, use_gpu, colocated_gpus=actor_gpus if args.colocate else 0)
+    flags = typed_flags(args)
+    checkpoints, cluster = flags.checkpoints, flags.cluster
+    engines = engine_config(args, use_gpu, colocated_gpus=cluster.actor_gpus if cluster.colocate else 0)
     return RunConfig(
-        run_dir=args.save,
-        num_rollout=args.num_rollout,
-        save_interval=args.save_interval,
-        keep_checkpoints=args.keep_checkpoints,
-        save_hf=args.save_hf,
-        eval_interval=args.eval_interval,
-        log_rollout_examples=args.log_rollout_examples,
-        colocate=args.colocate,
+        run_dir=checkpoints.save,
+        num_rollout=flags.training.num_rollout,
+        save_interval=checkpoints.save_interval,
+        keep_checkpoints=checkpoints.keep_checkpoints,
+        save_hf=checkpoints.save_hf,
+        eval_interval=flags.evaluation.interval,
+        log_rollout_examples=flags.logs.log_rollout_examples,
+        colocate=cluster.colocate,
         serves_policy=args.loss_type != "sft",
         steps_per_rollout=steps_per_rollout(args),
         train_group=TrainGroupConfig(
-            actor_gpus, args.tensor_model_parallel_size, use_gpu=use_gpu, seed=args.seed, log_dir=args.save
+            cluster.actor_gpus,
+            cluster.tensor_model_parallel_size,
+            use_gpu=use_gpu,
+            seed=checkpoints.seed,
+            log_dir=checkpoints.save,
         ),
         model=model_source(args),
         actor=actor_config(args, vocab_size),
         rollout=rollout_manager_config(args, engines),
         weight_sync=WeightSyncConfig(
             transport=weight_transport(args),
-            bucket_bytes=args.update_weight_buffer_size,
-            hf_checkpoint=args.hf_checkpoint,
-            disk_dir=str(Path(args.save) / "weights"),
+            bucket_bytes=cluster.update_weight_buffer_size,
+            hf_checkpoint=checkpoints.hf_checkpoint,
+            disk_dir=str(Path(checkpoints.save) / "weights"),
             ranks_per_engine=engines.ranks_per_engine,
         ),
-        schedule=from_flags(ScheduleConfig, args),
-        wandb=(args.use_wandb, args.wandb_project, args.wandb_group),
-        health=health_config(args),
-        eval_engine=eval_engine_config(args, engines) if args.eval_engine else None,
-        eval_timeout=args.eval_timeout,
+        schedule=flags.schedule,
+        wandb=(flags.logs.use_wandb, flags.logs.wandb_project, flags.logs.wandb_group),
+        health=flags.health,
+        eval_engine=eval_engine_config(args, engines) if flags.evaluation.engine else None,
+        eval_timeout=flags.evaluation.timeout,
     )
 
 

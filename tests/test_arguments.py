@@ -2,8 +2,8 @@
 
 import pytest
 
-from slime_search.arguments import check_model_flags, parse_args, steps_per_rollout, weight_transport
-from slime_search.run_config import actor_config
+from slime_search.arguments import check_model_flags, parse_args
+from slime_search.run_config import actor_config, steps_per_rollout, weight_transport
 
 BASE = ["--hf-checkpoint", "ckpt", "--save", "run", "--prompt-data", "p.parquet", "--num-rollout", "2"]
 

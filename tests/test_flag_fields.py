@@ -8,14 +8,22 @@ import pytest
 
 from slime_search.arguments import build_parser, parse_args
 from slime_search.compat.flags import declared_in_fields, vocabulary
+from slime_search.config.checkpoints import CheckpointConfig
+from slime_search.config.cluster import TRANSPORT_NAMES, ClusterConfig
 from slime_search.config.engines import EngineConfig
+from slime_search.config.logs import LogConfig
 from slime_search.config.loss import LossConfig
 from slime_search.config.optim import OptimConfig
+from slime_search.config.rollout import DataConfig, RolloutConfig, RolloutManagerConfig, SamplingConfig
+from slime_search.config.training import ImportanceWeightsConfig, TrainingConfig
+from slime_search.evaluation.flags import EvalConfig
+from slime_search.evaluation.subsets import EvalSubset
 from slime_search.health.config import HealthConfig, health_config
 from slime_search.rollout.schedule import ScheduleConfig
 from slime_search.run_config import actor_config, run_config
-from slime_search.search_r1.config import SearchR1Config
+from slime_search.search_r1.config import RewardConfig, SearchR1Config
 from slime_search.utils.flag_fields import (
+    REQUIRED,
     add_flags,
     flag,
     flag_dest,
@@ -59,16 +67,107 @@ def test_a_config_class_declares_its_flags_and_is_built_back_from_them():
         flag(1, "x", slime="--other")
 
 
-@pytest.mark.parametrize(
-    "config_class", [EngineConfig, OptimConfig, LossConfig, ScheduleConfig, HealthConfig, SearchR1Config]
-)
+@dataclasses.dataclass(frozen=True)
+class Shaped:
+    path: str = flag(REQUIRED, "where", name="--path")
+    pairs: tuple[str, ...] = flag((), "name and path pairs", nargs="+", metavar="NAME PATH")
+    estimator: str = flag(
+        "grpo", "which", choices=("grpo", "dr_grpo"), switches=(("--no-std", "dr_grpo", "the same as dr_grpo", True),)
+    )
+    size: int | None = flag(None, "how many", type=positive_int, exclusive="size")
+    width: float | None = flag(None, "how wide", type=float, exclusive="size")
+
+
+def test_required_list_switch_and_exclusive_flags_are_declared_from_their_fields():
+    parser = argparse.ArgumentParser()
+    add_flags(parser, Shaped)
+    with pytest.raises(SystemExit):
+        parser.parse_args([])  # --path is required: the field has no default
+    args = parser.parse_args(["--path", "p", "--pairs", "a", "b", "--no-std", "--size", "3"])
+    assert from_flags(Shaped, args) == Shaped("p", ("a", "b"), "dr_grpo", 3, None)  # the list is kept as a tuple
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--path", "p", "--size", "3", "--width", "0.1"])  # one of the exclusive pair
+    assert slime_flag_names([Shaped]) == ["--no-std"]
+    with pytest.raises(TypeError, match="immutable"):
+        flag([], "a list default would be shared by every config")
+    with pytest.raises(TypeError, match=r"no flag fields \['depth'\]"):
+        add_flags(argparse.ArgumentParser(), Shaped, only=("depth",))
+
+
+FLAG_CLASSES = [
+    CheckpointConfig, ClusterConfig, EngineConfig, DataConfig, RolloutConfig, SamplingConfig, RolloutManagerConfig,
+    TrainingConfig, ImportanceWeightsConfig, LossConfig, OptimConfig, ScheduleConfig, EvalConfig, EvalSubset, LogConfig,
+    HealthConfig, SearchR1Config, RewardConfig,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("config_class", FLAG_CLASSES)
 def test_the_parsers_defaults_are_the_configs_own(config_class):
     """The drift this prevents: a parser default and a dataclass default for one flag, kept apart by hand."""
     parser = build_parser()
     fields = flag_fields(config_class)
-    assert fields and all(parser.get_default(flag_dest(f)) == f.default for f in fields)
+    with_defaults = [f for f in fields if f.default is not dataclasses.MISSING]
+    assert fields and all(parser.get_default(flag_dest(f)) == f.default for f in with_defaults)
     help_text = parser.format_help()
     assert all(flag_name(f) in help_text for f in fields)
+
+
+def test_every_training_flag_is_declared_once_by_a_field_the_models_shape_or_slimes_vocabulary():
+    """No add_argument beside the fields: each option of the parser comes from exactly one declaration."""
+    from slime_search.backends.megatron.model_args import add_model_arguments
+    from slime_search.compat.flags import add_slime_flags
+
+    declared: list[str] = []
+    for config_class in FLAG_CLASSES:
+        for field in flag_fields(config_class):
+            spec = field.metadata["flag"]
+            declared += [flag_name(field), *spec.aliases, *(switch for switch, *_ in spec.switches)]
+            if isinstance(field.default, bool) and (field.default or spec.negatable) and spec.nargs is None:
+                declared.append("--no-" + flag_name(field).removeprefix("--"))
+    for add in (lambda p: add_model_arguments(p, required=False), add_slime_flags):
+        other = argparse.ArgumentParser(add_help=False)
+        add(other)
+        declared += [name for action in other._actions for name in action.option_strings]
+    parser_names = [name for action in build_parser()._actions for name in action.option_strings]
+    assert sorted(parser_names) == sorted(["-h", "--help", *declared])
+    assert len(set(declared)) == len(declared)
+
+
+def test_a_config_built_in_code_is_checked_as_its_flags_are():
+    with pytest.raises(ValueError, match="--recompute-granularity full needs --recompute-method"):
+        ClusterConfig(recompute_granularity="full")
+    with pytest.raises(ValueError, match="--recompute-method and --recompute-num-layers go with"):
+        ClusterConfig(recompute_method="uniform")
+    assert ClusterConfig(actor_num_nodes=2, actor_num_gpus_per_node=4).actor_gpus == 8
+    with pytest.raises(ValueError, match=r"--mis-lower \(by default 1 / --mis-upper = 2\) must be below"):
+        ImportanceWeightsConfig(use_mis=True, mis_upper=0.5)
+    with pytest.raises(ValueError, match="takes pairs"):
+        EvalConfig(prompt_data=("nq",))
+    with pytest.raises(ValueError, match="add --eval-engine"):
+        EvalConfig(engine_url="http://e")
+    assert EvalConfig(prompt_data=("nq", "a", "hotpotqa", "b")).sets == (("nq", "a"), ("hotpotqa", "b"))
+
+
+def test_the_weight_transports_flag_names_the_registered_kinds():
+    from slime_search.weight_sync.transports import TRANSPORTS
+
+    assert tuple(sorted(TRANSPORTS)) == TRANSPORT_NAMES
+
+
+def test_the_rollout_side_is_built_from_its_fields():
+    args = parse_args([
+        *BASE, "--rollout-shuffle", "--rollout-seed", "7", "--rollout-top-p", "0.9", "--rollout-max-response-len",
+        "64", "--disable-grpo-std-normalization", "--reward-key", "em", "--cpu-engine-args=--decode-delay-ms 20",
+        "--eval-prompt-data", "nq", "nq.jsonl", "--eval-sample", "5",
+    ])  # fmt: skip
+    built = run_config(args, vocab_size=100, use_gpu=False).rollout
+    assert built.data == DataConfig("p.parquet", shuffle=True, seed=7)
+    assert built.rollout == RolloutConfig(4, 8, reward_key="em", normalize_advantages_std=False)
+    assert built.sampling_params == {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 64, "sampling_seed": 7}
+    assert built.eval_sampling_params == {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 64}
+    assert (built.eval_sets, built.eval_subset) == ((("nq", "nq.jsonl"),), EvalSubset(size=5))
+    assert built.engines.cpu_engine_args == ("--decode-delay-ms", "20")
+    assert built.generate_path == RolloutManagerConfig.__dataclass_fields__["generate_path"].default
 
 
 def test_the_configs_built_from_default_flags_are_the_default_configs():

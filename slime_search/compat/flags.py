@@ -40,14 +40,6 @@ def json_value(text: str) -> Any:
 CONVERTERS = {"int": integer, "float": number, "str": str, "json": json_value}
 
 
-def no_save_hf_path(text: str) -> bool:
-    """slime's --save-hf takes a folder; here each checkpoint's HF folder is SAVE/hf/step_N."""
-    raise argparse.ArgumentTypeError(
-        f"takes no folder here (got {text}): each checkpoint's HF folder is written to SAVE/hf/step_N; give --save-hf "
-        "alone"
-    )
-
-
 def dest_of(name: str) -> str:
     """argparse's attribute for a flag without dest=: --eval-input-key -> eval_input_key."""
     return name.removeprefix("--").replace("-", "_")
@@ -115,12 +107,34 @@ class Vocabulary:
 
 def declared_in_fields() -> list[str]:
     """slime's names that the typed configs' flag fields carry (each declared once, as its field): honoured."""
+    from slime_search.config.checkpoints import CheckpointConfig
+    from slime_search.config.cluster import ClusterConfig
     from slime_search.config.engines import EngineConfig
+    from slime_search.config.logs import LogConfig
     from slime_search.config.loss import LossConfig
     from slime_search.config.optim import OptimConfig
+    from slime_search.config.rollout import DataConfig, RolloutConfig, RolloutManagerConfig, SamplingConfig
+    from slime_search.config.training import ImportanceWeightsConfig, TrainingConfig
+    from slime_search.evaluation.flags import EvalConfig
     from slime_search.utils.flag_fields import slime_flag_names
 
-    return slime_flag_names([EngineConfig, LossConfig, OptimConfig])
+    return slime_flag_names(
+        [
+            CheckpointConfig,
+            ClusterConfig,
+            EngineConfig,
+            DataConfig,
+            RolloutConfig,
+            SamplingConfig,
+            RolloutManagerConfig,
+            TrainingConfig,
+            ImportanceWeightsConfig,
+            LossConfig,
+            OptimConfig,
+            EvalConfig,
+            LogConfig,
+        ]
+    )
 
 
 @cache

@@ -1,13 +1,18 @@
 """The engines' configuration, its command-line flags declared as its fields (slime's names where slime has the
-flag). The model, the seed, the CPU engines' extra arguments and, colocated, the GPUs and the memory saver are
+flag). The model, the seed and, colocated, the GPUs and the memory saver are
 derived from other flags by `slime_search.run_config`."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 from slime_search.utils.flag_fields import flag
 from slime_search.utils.flag_types import non_negative_int, port, positive_float, positive_int, probability
+
+
+def shell_words(text: str) -> tuple[str, ...]:
+    return tuple(shlex.split(text))
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,13 @@ class EngineConfig:
     cpu_max_batch_size: int = flag(
         32, "CPU engine: sequences decoded together", name="--engine-max-batch-size", type=positive_int
     )
-    cpu_engine_args: tuple[str, ...] = ()  # more arguments of every CPU engine server (injected faults)
+    cpu_engine_args: tuple[str, ...] = flag(
+        (),
+        "more arguments for every CPU engine server this run starts, as one string: its injected faults "
+        "(--decode-delay-ms, --freeze-weights-after) for measuring the health guard; write it "
+        "--cpu-engine-args='--decode-delay-ms 20' (with '=': the value starts with --)",
+        type=shell_words,
+    )
     seed: int = 1234
     health_timeout_s: float = flag(
         60.0,

@@ -16,17 +16,35 @@ import random
 from dataclasses import dataclass
 
 from slime_search.evaluation.intervals import questions_for_width
+from slime_search.utils.flag_fields import add_flags, flag, from_flags
 from slime_search.utils.flag_types import non_negative_int, positive_int
 
 SET_SIZE_KEY = "eval_set_size"  # sample metadata: the size of the set a graded subset was drawn from
 ROW_KEY = "eval_row"  # sample metadata: the question's row in its set's file (what pairs two runs without an index)
 
 
+def interval_width(value: str) -> float:
+    width = float(value)
+    if not 0 < width < 1:
+        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {value}")
+    return width
+
+
 @dataclass(frozen=True)
 class EvalSubset:
-    size: int | None = None  # questions per set; None: every one (unless `width` sizes it)
-    width: float | None = None  # target 95% interval width of a 0/1 score
-    seed: int = 0
+    # questions per set; None: every one (unless `width` sizes it)
+    size: int | None = flag(
+        None, "grade N questions of each eval set", name="--eval-sample", type=positive_int, exclusive="size"
+    )
+    # target 95% interval width of a 0/1 score
+    width: float | None = flag(
+        None,
+        "grade as many questions of each set as make the 95%% interval of EM at most this wide (0.1: 385)",
+        name="--eval-interval-width",
+        type=interval_width,
+        exclusive="size",
+    )
+    seed: int = flag(0, "which questions a subset holds (per set)", name="--eval-sample-seed", type=non_negative_int)
 
     def size_for(self, count: int) -> int:
         """How many of a set's `count` questions are graded."""
@@ -64,30 +82,12 @@ def fixed_subset(count: int, size: int, seed: int, name: str) -> list[int]:
     return sorted(rng.sample(range(count), size))
 
 
-def interval_width(value: str) -> float:
-    width = float(value)
-    if not 0 < width < 1:
-        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {value}")
-    return width
-
-
 def add_eval_subset_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("evaluation subsets")
-    size = g.add_mutually_exclusive_group()
-    size.add_argument("--eval-sample", type=positive_int, default=None, help="grade N questions of each eval set")
-    size.add_argument(
-        "--eval-interval-width",
-        type=interval_width,
-        default=None,
-        help="grade as many questions of each set as make the 95%% interval of EM at most this wide (0.1: 385)",
-    )
-    g.add_argument(
-        "--eval-sample-seed", type=non_negative_int, default=0, help="which questions a subset holds (per set)"
-    )
+    add_flags(parser.add_argument_group("evaluation subsets"), EvalSubset)
 
 
 def eval_subset(args: argparse.Namespace) -> EvalSubset:
-    return EvalSubset(args.eval_sample, args.eval_interval_width, args.eval_sample_seed)
+    return from_flags(EvalSubset, args)
 
 
 def set_size(samples) -> int | None:

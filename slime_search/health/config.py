@@ -230,6 +230,14 @@ class HealthConfig:
         name="--health-lr-factor",
         type=probability,
     )
+    # measured by the actor after each update, read by the rules as train/kl_old_new and train/logp_shift_*
+    probe_tokens: int = flag(
+        512,
+        "after each update, the log-probs of up to this many of each rank's tokens are computed again: how far the "
+        "update moved the policy (train/kl_old_new, train/logp_shift_pos|neg); 0: not measured",
+        name="--health-probe-tokens",
+        type=non_negative_int,
+    )
     # ---- where the rules apply (set from the run's phase, not flags) ----------------------------------------------
     engine_serves_policy: bool = True  # False with a demonstrator engine (SFT): no trainer-engine gap to watch
     rewards_grouped: bool = True  # False without reward groups (SFT): no reward signal or drop to watch
@@ -254,13 +262,6 @@ class HealthConfig:
 def add_health_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("training health (docs/benchmarks/health.md)")
     add_flags(g, HealthConfig)
-    g.add_argument(
-        "--health-probe-tokens",
-        type=non_negative_int,
-        default=512,
-        help="after each update, the log-probs of up to this many of each rank's tokens are computed again: how far "
-        "the update moved the policy (train/kl_old_new, train/logp_shift_pos|neg); 0: not measured",
-    )
 
 
 def health_config(args: argparse.Namespace) -> HealthConfig:

@@ -14,15 +14,7 @@ from typing import Any
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class DataConfig:
-    path: str
-    input_key: str = "prompt"
-    label_key: str = "reward_model"
-    metadata_key: str = "extra_info"
-    shuffle: bool = False
-    seed: int = 42
+from slime_search.config.rollout import DataConfig
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from slime_search.engines.deployment import EngineConfig
+from slime_search.config.rollout import RolloutManagerConfig
 from slime_search.evaluation.subsets import ROW_KEY, SET_SIZE_KEY, EvalSubset, UngradedQuestions
 from slime_search.plugins import Plugins
 from slime_search.rollout.data_source import DataConfig, DataSource, count_rows, load_rows
@@ -28,22 +28,6 @@ from slime_search.rollout.sample_metrics import mask_stale_tokens, rollout_metri
 from slime_search.rollout.stream import ActivityClock, RolloutStream, StreamConfig
 from slime_search.types import Sample, TrainSample
 from slime_search.utils.actor_logging import log_to_run_folder
-
-
-@dataclass(frozen=True)
-class RolloutManagerConfig:
-    engines: EngineConfig
-    data: DataConfig  # the training prompts
-    rollout: RolloutConfig
-    generate_path: str  # --custom-generate-function-path
-    reward_path: str  # --custom-rm-path
-    sampling_params: dict[str, Any] = field(default_factory=dict)  # training rollouts
-    eval_sampling_params: dict[str, Any] = field(default_factory=dict)  # evaluation (greedy)
-    eval_sets: tuple[tuple[str, str], ...] = ()  # (name, path) of every --eval-prompt-data set
-    eval_subset: EvalSubset = field(
-        default_factory=EvalSubset
-    )  # which questions of each set are graded (--eval-sample ...)
-    log_dir: str = "."  # where the engines' logs go
 
 
 @dataclass

@@ -15,12 +15,12 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from slime_search.algo import grpo_advantages
+from slime_search.config.rollout import RolloutConfig
 from slime_search.rollout.data_source import DataSource, PromptItem
 from slime_search.types import Sample, Status
 from slime_search.utils.faults import TRANSIENT, error_kind
@@ -29,17 +29,6 @@ logger = logging.getLogger(__name__)
 
 GenerateFn = Callable[[Any, Sample, dict], Awaitable[Sample]]
 RewardFn = Callable[..., Awaitable[float | dict]]
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    batch_size: int  # prompts per rollout (--rollout-batch-size)
-    n_samples_per_prompt: int = 8
-    max_concurrency: int = 256  # samples in flight
-    filter_zero_std: bool = False  # drop groups whose rewards are all equal (no GRPO signal)
-    max_oversample_rounds: int = 4
-    reward_key: str = "score"
-    normalize_advantages_std: bool = True
 
 
 def reward_value(reward: float | dict, key: str) -> float:

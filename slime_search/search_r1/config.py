@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from slime_search.utils.flag_fields import add_flags, flag
+from slime_search.utils.flag_fields import add_flags, flag, flag_fields
 from slime_search.utils.flag_types import non_negative_float, non_negative_int, positive_float, positive_int
 
 T = TypeVar("T")
@@ -26,35 +26,7 @@ TOOL_FORMATS = ("tags", "qwen3")
 def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("Search-R1 task")
     add_flags(group, SearchR1Config)
-    group.add_argument(
-        "--search-preflight-timeout",
-        type=non_negative_float,
-        default=10.0,
-        help="seconds the one-query probe of --search-url may take before anything starts (0: no probe)",
-    )
-    group.add_argument(
-        "--structure-format-score",
-        type=float,
-        default=0.0,
-        help="reward of a well-formed response with a wrong or no answer; a right answer in a malformed one scores 1 "
-        "minus it (Search-R1's structure_format_score)",
-    )
-    group.add_argument(
-        "--final-format-score",
-        type=float,
-        default=0.0,
-        help="reward of a malformed response with a wrong answer (Search-R1's final_format_score)",
-    )
-    group.add_argument(
-        "--retrieval-score",
-        type=float,
-        default=0.0,
-        help="added to a well-formed wrong answer when a retrieved passage held the right one (Search-R1's "
-        "retrieval_score)",
-    )
-    group.add_argument(
-        "--max-answer-tags", type=positive_int, default=None, help="score 0 above this many <answer> blocks"
-    )
+    add_flags(group, RewardConfig)
     return parser
 
 
@@ -207,7 +179,12 @@ class SearchR1Config:
         "a turn ended by EOS or its token limit with neither search nor answer ends the trajectory (default: "
         "Search-R1's invalid-action message and another turn)",
     )
-    apply_chat_template: bool = False
+    search_preflight_timeout: float = flag(
+        10.0,
+        "seconds the one-query probe of --search-url may take before anything starts (0: no probe)",
+        type=non_negative_float,
+    )
+    apply_chat_template: bool = False  # the training CLI's --apply-chat-template (config.rollout.DataConfig)
 
     def __post_init__(self) -> None:
         if self.search_backend not in SEARCH_BACKENDS:
@@ -263,6 +240,39 @@ class SearchR1Config:
 
             settings["serper_ledger"] = str(Path(args.save) / LEDGER_NAME)  # one budget for the run, kept on resume
         return cls(engine_urls=engine_addresses(args), tokenizer_path=str(tokenizer_path), **settings)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Reward shaping; the defaults give the paper's pure exact-match reward."""
+
+    score: float = 1.0
+    structure_format_score: float = flag(
+        0.0,
+        "reward of a well-formed response with a wrong or no answer; a right answer in a malformed one scores 1 minus "
+        "it (Search-R1's structure_format_score)",
+        type=float,
+    )
+    final_format_score: float = flag(
+        0.0, "reward of a malformed response with a wrong answer (Search-R1's final_format_score)", type=float
+    )
+    retrieval_score: float = flag(
+        0.0,
+        "added to a well-formed wrong answer when a retrieved passage held the right one (Search-R1's retrieval_score)",
+        type=float,
+    )
+    # None: no guard against answer spam
+    max_answer_tags: int | None = flag(None, "score 0 above this many <answer> blocks", type=positive_int)
+
+    @classmethod
+    def search_r1_v03(cls) -> RewardConfig:
+        """The format-reward values of Search-R1 v0.3."""
+        return cls(structure_format_score=0.2, final_format_score=0.1, retrieval_score=0.0)
+
+    @classmethod
+    def from_args(cls, args: Any) -> RewardConfig:
+        """The reward shaping flags (--structure-format-score, ...); a flag the parser lacks is an error."""
+        return cls(**flags_from(args, [f.name for f in flag_fields(cls)]))
 
 
 def engine_addresses(args: Any) -> tuple[str, ...]:

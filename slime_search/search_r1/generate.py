@@ -21,7 +21,7 @@ from typing import Any
 
 from slime_search.engines.client import EngineError
 from slime_search.engines.pool import EnginePool, PoolConfig
-from slime_search.search_r1.config import PerRollout, SearchR1Config, flags_from
+from slime_search.search_r1.config import PerRollout, SearchR1Config
 from slime_search.search_r1.preflight import check_page_access, check_retriever, check_serper
 from slime_search.search_r1.search_clients import (
     LocalSearchClient,
@@ -242,7 +242,7 @@ def preflight(args: Any) -> None:
         if config.serper_budget().limited:  # the budget's count must be one every process can trust
             check_ledger_filesystem(config.serper_ledger)
         return
-    timeout_s = flags_from(args, ["search_preflight_timeout"])["search_preflight_timeout"]
+    timeout_s = config.search_preflight_timeout
     if timeout_s > 0:
         check_retriever(config.search_url, timeout_s)
         if config.page_access:

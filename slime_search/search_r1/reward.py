@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from slime_search.search_r1.config import PerRollout, flags_from
+from slime_search.search_r1.config import PerRollout, RewardConfig
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
@@ -137,22 +137,6 @@ def check_format(response: str) -> FormatCheck:
 
 
 @dataclass(frozen=True)
-class RewardConfig:
-    """Reward shaping; the defaults give the paper's pure exact-match reward."""
-
-    score: float = 1.0
-    structure_format_score: float = 0.0
-    final_format_score: float = 0.0
-    retrieval_score: float = 0.0
-    max_answer_tags: int | None = None  # None: no guard against answer spam
-
-    @classmethod
-    def search_r1_v03(cls) -> RewardConfig:
-        """The format-reward values of Search-R1 v0.3."""
-        return cls(structure_format_score=0.2, final_format_score=0.1, retrieval_score=0.0)
-
-
-@dataclass(frozen=True)
 class RewardBreakdown:
     score: float
     answer: str | None
@@ -217,15 +201,7 @@ def golden_answers_of(label: Any) -> list[str]:
     return [str(item) for item in list(label)]
 
 
-REWARD_FLAGS = ["structure_format_score", "final_format_score", "retrieval_score", "max_answer_tags"]
-
-
-def reward_config_from_args(args: Any) -> RewardConfig:
-    """The reward shaping flags (--structure-format-score, ...); a flag the parser lacks is an error."""
-    return RewardConfig(**flags_from(args, REWARD_FLAGS))
-
-
-_REWARD_CONFIGS: PerRollout[RewardConfig] = PerRollout(reward_config_from_args)
+_REWARD_CONFIGS: PerRollout[RewardConfig] = PerRollout(RewardConfig.from_args)
 
 
 async def reward_func(args: Any, sample: Any, **kwargs: Any) -> dict[str, Any]:

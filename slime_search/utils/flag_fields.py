@@ -17,6 +17,14 @@ from typing import Any
 FLAG = "flag"  # the metadata key of a field that is a command-line flag
 
 
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()  # `flag(REQUIRED, ...)`: the field has no default and the flag must be given
+
+
 @dataclasses.dataclass(frozen=True)
 class FlagSpec:
     help: str
@@ -27,6 +35,13 @@ class FlagSpec:
     negatable: bool = False  # a bool flag: --no-x as well (always where its default is True)
     # True, or the name slime declares this flag under, with this meaning (honoured)
     slime_name: bool | str | None = None
+    nargs: str | None = None  # argparse's: "+" for a list, "?" for an optional value (with `const`)
+    const: Any = None
+    metavar: str | None = None
+    # more flags that each set the field to a constant: (flag, value, help, slime's too); slime's
+    # --disable-grpo-std-normalization sets --advantage-estimator dr_grpo
+    switches: tuple[tuple[str, Any, str, bool], ...] = ()
+    exclusive: str | None = None  # fields of one class with the same name here: at most one of their flags is given
 
 
 def flag(
@@ -39,6 +54,11 @@ def flag(
     aliases: tuple[str, ...] = (),
     negatable: bool = False,
     slime: bool | str = False,
+    nargs: str | None = None,
+    const: Any = None,
+    metavar: str | None = None,
+    switches: tuple[tuple[str, Any, str, bool], ...] = (),
+    exclusive: str | None = None,
 ) -> Any:
     """A field that is also a flag, `--field-name-with-dashes` or `name`; a bool field is a switch (--x where its default is False,
     --x / --no-x where it is True or `negatable`). `slime`: True where slime declares the same name with this meaning, or slime's name
@@ -46,8 +66,29 @@ def flag(
     if isinstance(slime, str) and slime not in aliases:
         raise ValueError(f"slime's name {slime} is not among the aliases {aliases}")
     choices = tuple(choices) if choices is not None else None
-    spec = FlagSpec(help, name, type, choices, aliases, negatable, slime if slime else None)
+    spec = FlagSpec(
+        help,
+        name,
+        type,
+        choices,
+        aliases,
+        negatable,
+        slime if slime else None,
+        nargs,
+        const,
+        metavar,
+        switches,
+        exclusive,
+    )
+    if default is REQUIRED:
+        return dataclasses.field(metadata={FLAG: spec})
+    if isinstance(default, (list, dict, set)):
+        raise TypeError(f"a flag's default must be immutable (a tuple, not {default!r}): the field is frozen")
     return dataclasses.field(default=default, metadata={FLAG: spec})
+
+
+def is_required(field: dataclasses.Field) -> bool:
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
 
 
 def flag_name(field: dataclasses.Field) -> str:
@@ -64,26 +105,58 @@ def flag_fields(config_class: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(config_class) if FLAG in f.metadata]
 
 
-def add_flags(group: argparse._ActionsContainer, config_class: type) -> None:
-    """Declare every flag field of `config_class` on `group` (a parser or an argument group)."""
-    for field in flag_fields(config_class):
+def add_flags(
+    group: argparse._ActionsContainer,
+    config_class: type,
+    only: Iterable[str] | None = None,
+    skip: Iterable[str] = (),
+) -> None:
+    """Declare the flag fields of `config_class` on `group` (a parser or an argument group): every one, or those
+    named in `only`, less those in `skip` (a CLI that takes some of a class's flags, or a class whose flags sit in
+    two groups of the help)."""
+    fields = flag_fields(config_class)
+    names = {field.name for field in fields}
+    unknown = (set(only or ()) | set(skip)) - names
+    if unknown:
+        raise TypeError(f"{config_class.__name__} has no flag fields {sorted(unknown)}")
+    exclusive: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    for field in fields:
+        if (only is not None and field.name not in only) or field.name in skip:
+            continue
         spec: FlagSpec = field.metadata[FLAG]
-        keywords: dict[str, Any] = {"dest": flag_dest(field), "default": field.default, "help": spec.help}
-        if isinstance(field.default, bool):
-            negatable = field.default or spec.negatable
-            keywords["action"] = argparse.BooleanOptionalAction if negatable else "store_true"
-        else:
-            if spec.type is not None:
-                keywords["type"] = spec.type
-            if spec.choices is not None:
-                keywords["choices"] = spec.choices
-        group.add_argument(flag_name(field), *spec.aliases, **keywords)
+        target = group
+        if spec.exclusive is not None:
+            if spec.exclusive not in exclusive:
+                exclusive[spec.exclusive] = group.add_mutually_exclusive_group()
+            target = exclusive[spec.exclusive]
+        target.add_argument(flag_name(field), *spec.aliases, **argument_keywords(field, spec))
+        for switch, value, switch_help, _ in spec.switches:
+            target.add_argument(switch, dest=flag_dest(field), action="store_const", const=value, help=switch_help)
+
+
+def argument_keywords(field: dataclasses.Field, spec: FlagSpec) -> dict[str, Any]:
+    """add_argument's keywords for a flag field: its default (or required), and how its value is read."""
+    keywords: dict[str, Any] = {"dest": flag_dest(field), "help": spec.help}
+    if is_required(field):
+        keywords["required"] = True
+    else:
+        keywords["default"] = field.default
+    if isinstance(field.default, bool) and spec.nargs is None:
+        negatable = field.default or spec.negatable
+        keywords["action"] = argparse.BooleanOptionalAction if negatable else "store_true"
+        return keywords
+    for name in ("type", "choices", "nargs", "const", "metavar"):
+        if getattr(spec, name) is not None:
+            keywords[name] = getattr(spec, name)
+    return keywords
 
 
 def from_flags(config_class: type, args: argparse.Namespace, **derived: Any):
     """`config_class` from the parsed flags; `derived` sets the fields computed from other flags (a default that
     depends on the run's length, say), and fields that are not flags keep their defaults."""
     values = {field.name: getattr(args, flag_dest(field)) for field in flag_fields(config_class)}
+    # a list flag (nargs="+") is kept as a tuple: the configs are frozen
+    values = {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
     unknown = set(derived) - {field.name for field in dataclasses.fields(config_class)}
     if unknown:
         raise TypeError(f"{config_class.__name__} has no fields {sorted(unknown)}")
@@ -98,4 +171,5 @@ def slime_flag_names(config_classes: Iterable[type]) -> list[str]:
             slime_name = field.metadata[FLAG].slime_name
             if slime_name is not None:
                 names.append(flag_name(field) if slime_name is True else slime_name)
+            names += [switch for switch, _, _, slime in field.metadata[FLAG].switches if slime]
     return names

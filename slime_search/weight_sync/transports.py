@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from slime_search.config.cluster import TRANSPORT_NAMES
 from slime_search.weight_sync.transport_base import WeightSyncConfig, WeightTransport
 
 
@@ -59,6 +60,11 @@ TRANSPORTS: dict[str, TransportKind] = {
     "nccl": TransportKind(_broadcast, refused_colocated="NCCL cannot connect two processes on one GPU"),
     "tensor": TransportKind(_tensor_handles),
 }
+# the flag's choices (config.cluster) name exactly the kinds registered here
+if tuple(sorted(TRANSPORTS)) != TRANSPORT_NAMES:
+    raise RuntimeError(
+        f"config.cluster.TRANSPORT_NAMES {TRANSPORT_NAMES} must name every transport: {sorted(TRANSPORTS)}"
+    )
 
 
 def transport_kind(name: str) -> TransportKind:

@@ -11,7 +11,7 @@ from local_dense_retriever.launch import RetrievalServerProcess
 from slime_search.search_r1.config import search_r1_args
 from slime_search.search_r1.generate import INVALID_ACTION, close_resources, generate, parse_action
 from slime_search.search_r1.prompt import make_prompt
-from slime_search.search_r1.reward import qa_em_format_score, reward_config_from_args, reward_func
+from slime_search.search_r1.reward import RewardConfig, qa_em_format_score, reward_func
 from slime_search.types import Sample, Status
 from slime_search.utils.server_process import ServerProcess
 from tests.retriever_helpers import write_tiny_corpus
@@ -266,7 +266,7 @@ def test_an_answer_then_a_search_in_one_turn_ends_at_the_answer(servers, tiny_ch
     whole_turn = SCRIPT["gold eagle"][0]
     search_r1_cut = whole_turn.split("</search>")[0] + "</search>"  # generation.py's _postprocess_responses
     assert search_r1_cut == whole_turn
-    search_r1_score = qa_em_format_score(search_r1_cut, ["valley 54"], reward_config_from_args(v03)).score
+    search_r1_score = qa_em_format_score(search_r1_cut, ["valley 54"], RewardConfig.from_args(v03)).score
     assert search_r1_score == pytest.approx(0.8)
 
 
