@@ -13,6 +13,7 @@ from slime_search.config.cluster import TRANSPORT_NAMES, ClusterConfig
 from slime_search.config.engines import EngineConfig
 from slime_search.config.logs import LogConfig
 from slime_search.config.loss import LossConfig
+from slime_search.config.model import ModelArgs
 from slime_search.config.optim import OptimConfig
 from slime_search.config.rollout import DataConfig, RolloutConfig, RolloutManagerConfig, SamplingConfig
 from slime_search.config.training import ImportanceWeightsConfig, TrainingConfig
@@ -97,7 +98,7 @@ def test_required_list_switch_and_exclusive_flags_are_declared_from_their_fields
 FLAG_CLASSES = [
     CheckpointConfig, ClusterConfig, EngineConfig, DataConfig, RolloutConfig, SamplingConfig, RolloutManagerConfig,
     TrainingConfig, ImportanceWeightsConfig, LossConfig, OptimConfig, ScheduleConfig, EvalConfig, EvalSubset, LogConfig,
-    HealthConfig, SearchR1Config, RewardConfig,
+    HealthConfig, SearchR1Config, RewardConfig, ModelArgs,
 ]  # fmt: skip
 
 
@@ -112,9 +113,9 @@ def test_the_parsers_defaults_are_the_configs_own(config_class):
     assert all(flag_name(f) in help_text for f in fields)
 
 
-def test_every_training_flag_is_declared_once_by_a_field_the_models_shape_or_slimes_vocabulary():
-    """No add_argument beside the fields: each option of the parser comes from exactly one declaration."""
-    from slime_search.backends.megatron.model_args import add_model_arguments
+def test_every_training_flag_is_declared_once_by_a_field_or_slimes_vocabulary():
+    """No add_argument beside the fields: each option of the parser comes from exactly one declaration (slime's
+    accepted and refused flags are the vocabulary's data)."""
     from slime_search.compat.flags import add_slime_flags
 
     declared: list[str] = []
@@ -124,10 +125,9 @@ def test_every_training_flag_is_declared_once_by_a_field_the_models_shape_or_sli
             declared += [flag_name(field), *spec.aliases, *(switch for switch, *_ in spec.switches)]
             if isinstance(field.default, bool) and (field.default or spec.negatable) and spec.nargs is None:
                 declared.append("--no-" + flag_name(field).removeprefix("--"))
-    for add in (lambda p: add_model_arguments(p, required=False), add_slime_flags):
-        other = argparse.ArgumentParser(add_help=False)
-        add(other)
-        declared += [name for action in other._actions for name in action.option_strings]
+    vocabulary_parser = argparse.ArgumentParser(add_help=False)
+    add_slime_flags(vocabulary_parser)
+    declared += [name for action in vocabulary_parser._actions for name in action.option_strings]
     parser_names = [name for action in build_parser()._actions for name in action.option_strings]
     assert sorted(parser_names) == sorted(["-h", "--help", *declared])
     assert len(set(declared)) == len(declared)
@@ -224,3 +224,13 @@ def test_slimes_names_are_honoured_from_the_fields_and_named_nowhere_else():
     from slime_search.compat.flags import DATA_FILE
 
     assert not set(names) & set(tomllib.loads(DATA_FILE.read_text())["honoured"])  # one declaration, not two
+
+
+def test_the_converters_require_the_models_shape_and_training_reads_it_from_config_json():
+    from slime_search.backends.megatron.model_args import add_model_arguments
+
+    converter = add_model_arguments(argparse.ArgumentParser())
+    with pytest.raises(SystemExit):
+        converter.parse_args(["--num-layers", "2"])  # --hidden-size and the rest of the shape are missing
+    training = add_model_arguments(argparse.ArgumentParser(), required=False)
+    assert from_flags(ModelArgs, training.parse_args([])) == ModelArgs()

@@ -112,6 +112,7 @@ def declared_in_fields() -> list[str]:
     from slime_search.config.engines import EngineConfig
     from slime_search.config.logs import LogConfig
     from slime_search.config.loss import LossConfig
+    from slime_search.config.model import ModelArgs
     from slime_search.config.optim import OptimConfig
     from slime_search.config.rollout import DataConfig, RolloutConfig, RolloutManagerConfig, SamplingConfig
     from slime_search.config.training import ImportanceWeightsConfig, TrainingConfig
@@ -133,6 +134,7 @@ def declared_in_fields() -> list[str]:
             OptimConfig,
             EvalConfig,
             LogConfig,
+            ModelArgs,
         ]
     )
 

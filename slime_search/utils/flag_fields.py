@@ -110,13 +110,16 @@ def add_flags(
     config_class: type,
     only: Iterable[str] | None = None,
     skip: Iterable[str] = (),
+    required: Iterable[str] = (),
 ) -> None:
     """Declare the flag fields of `config_class` on `group` (a parser or an argument group): every one, or those
     named in `only`, less those in `skip` (a CLI that takes some of a class's flags, or a class whose flags sit in
-    two groups of the help)."""
+    two groups of the help). The flags of the fields in `required` must be given on this CLI (the converters need
+    the model's shape, which training reads from config.json)."""
     fields = flag_fields(config_class)
     names = {field.name for field in fields}
-    unknown = (set(only or ()) | set(skip)) - names
+    required = set(required)
+    unknown = (set(only or ()) | set(skip) | required) - names
     if unknown:
         raise TypeError(f"{config_class.__name__} has no flag fields {sorted(unknown)}")
     exclusive: dict[str, argparse._MutuallyExclusiveGroup] = {}
@@ -129,7 +132,11 @@ def add_flags(
             if spec.exclusive not in exclusive:
                 exclusive[spec.exclusive] = group.add_mutually_exclusive_group()
             target = exclusive[spec.exclusive]
-        target.add_argument(flag_name(field), *spec.aliases, **argument_keywords(field, spec))
+        keywords = argument_keywords(field, spec)
+        if field.name in required:
+            keywords.pop("default", None)
+            keywords["required"] = True
+        target.add_argument(flag_name(field), *spec.aliases, **keywords)
         for switch, value, switch_help, _ in spec.switches:
             target.add_argument(switch, dest=flag_dest(field), action="store_const", const=value, help=switch_help)
 

@@ -6,61 +6,16 @@ import argparse
 
 from megatron_bridge import ModelShape
 from slime_search.backends.megatron.model import ModelOptions
-from slime_search.utils.flag_types import positive_float, positive_int
+from slime_search.config.model import SHAPE, ModelArgs
+from slime_search.utils.flag_fields import add_flags
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> argparse.ArgumentParser:
     """`required=False` (training): the flags are optional; when given they are checked against config.json, and
     --make-vocab-size-divisible-by / --max-position-embeddings shape the model (left out: Megatron's 128 and
-    config.json's context length)."""
+    config.json's context length). `required=True` (the converters): the shape must be given."""
     group = parser.add_argument_group("model (Megatron flags, see scripts/models/)")
-    group.add_argument("--num-layers", type=positive_int, required=required, help="transformer layers")
-    group.add_argument("--hidden-size", type=positive_int, required=required, help="hidden size")
-    group.add_argument("--ffn-hidden-size", type=positive_int, required=required, help="MLP intermediate size")
-    group.add_argument("--num-attention-heads", type=positive_int, required=required, help="query heads")
-    group.add_argument(
-        "--group-query-attention", action="store_true", help="grouped-query attention (--num-query-groups)"
-    )
-    group.add_argument(
-        "--num-query-groups", type=positive_int, default=None, help="key/value heads with --group-query-attention"
-    )
-    group.add_argument(
-        "--vocab-size", type=positive_int, required=required, help="the tokenizer's vocabulary (before padding)"
-    )
-    group.add_argument(
-        "--untie-embeddings-and-output-weights",
-        action="store_true",
-        help="an output layer of its own instead of the input embedding's weights (absent: tied)",
-    )
-    group.add_argument("--swiglu", action="store_true", help="SwiGLU MLP (Qwen2 needs it)")
-    group.add_argument("--use-rotary-position-embeddings", action="store_true", help="RoPE (Qwen2 needs it)")
-    group.add_argument("--disable-bias-linear", action="store_true", help="no linear biases (Qwen2 needs it)")
-    group.add_argument("--add-qkv-bias", action="store_true", help="biases on q/k/v (Qwen2 needs it; Qwen3 has none)")
-    group.add_argument(
-        "--qk-layernorm", action="store_true", help="a per-head RMSNorm on queries and keys (Qwen3 needs it)"
-    )
-    group.add_argument(
-        "--kv-channels",
-        type=positive_int,
-        default=None,
-        help="the attention head size when it is not --hidden-size / --num-attention-heads (Qwen3: 128)",
-    )
-    group.add_argument("--normalization", default="RMSNorm", help="RMSNorm (Qwen2 needs it)")
-    group.add_argument("--norm-epsilon", type=positive_float, default=1e-6, help="RMSNorm epsilon")
-    group.add_argument("--rotary-base", type=positive_float, default=1_000_000.0, help="RoPE base (rope_theta)")
-    group.add_argument(
-        "--max-position-embeddings",
-        type=positive_int,
-        default=32768 if required else None,
-        help="longest sequence the model is built for",
-    )
-    group.add_argument(
-        "--make-vocab-size-divisible-by",
-        type=positive_int,
-        default=128 if required else None,
-        help="the embedding and output layer are padded to a multiple of this (x TP size), as Megatron pads them; "
-        "give training the value the torch_dist checkpoint was converted with",
-    )
+    add_flags(group, ModelArgs, required=SHAPE if required else ())
     return parser
 
 
