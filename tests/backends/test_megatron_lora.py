@@ -1,0 +1,187 @@
+"""LoRA on the Megatron actor (backends/megatron/lora.py) against PEFT on the HF model, at TP 1 and at TP 2 with
+sequence parallelism (the 3B recipe's layout), on the tiny Qwen2 and Qwen3.
+
+The same adapters are set on both sides: PEFT's q/k/v adapters share the fused linear_qkv's A (its B's rows split by
+Megatron's group interleaving), gate/up share linear_fc1's. Compared: the logits, every adapter gradient (PEFT's
+shared-A gradients summed), the weights with the adapters folded in (PEFT's merge_and_unload), the logits with the
+adapters disabled (the base model's: the KL reference), and which parameters train (only the adapters')."""
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from megatron_bridge import ModelShape, gather_tensor_parallel, megatron_to_hf_part, shard_tensor_parallel
+from megatron_bridge.qwen import fuse_qkv
+from slime_search.utils.net import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+RANK, ALPHA = 4, 8.0
+HF_NAMES = {  # Megatron's projection -> the HF projections it fuses
+    "self_attention.linear_qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "self_attention.linear_proj": ("self_attn.o_proj",),
+    "mlp.linear_fc1": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.linear_fc2": ("mlp.down_proj",),
+}
+COLUMN = ("linear_qkv", "linear_fc1")
+
+
+def hf_adapters(hf_model, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Random adapters for every HF projection, shared A where Megatron fuses: {hf module path: (A, B)}."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for i in range(hf_model.config.num_hidden_layers):
+        layer = hf_model.model.layers[i]
+        for names in HF_NAMES.values():
+            first = layer.get_submodule(names[0])
+            a = torch.randn(RANK, first.in_features, generator=gen) * 0.2
+            for name in names:
+                b = torch.randn(layer.get_submodule(name).out_features, RANK, generator=gen) * 0.2
+                out[f"model.layers.{i}.{name}"] = (a, b)
+    return out
+
+
+def megatron_adapters(adapters: dict, shape: ModelShape) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The same adapters on Megatron's fused projections, full size: {megatron module path: (A, B)}."""
+    out = {}
+    for i in range(shape.num_layers):
+        for megatron, names in HF_NAMES.items():
+            pairs = [adapters[f"model.layers.{i}.{name}"] for name in names]
+            b = [pair[1] for pair in pairs]
+            fused = fuse_qkv(*b, shape) if megatron.endswith("qkv") else torch.cat(b)
+            out[f"decoder.layers.{i}.{megatron}"] = (pairs[0][0], fused)
+    return out
+
+
+def adapter_shards(path: str, a: torch.Tensor, b: torch.Tensor, shape, tp: int, rank: int):
+    """This rank's A and B: a column-parallel base's B is split like its weight (and A along r), a row-parallel
+    base's A like its weight's columns (and B along its rows)."""
+    if path.rsplit(".", 1)[-1] in COLUMN:
+        b_shard = shard_tensor_parallel({f"{path}.weight": b}, shape, tp, rank)[f"{path}.weight"]
+        return a.chunk(tp, dim=0)[rank], b_shard
+    return a.chunk(tp, dim=1)[rank], b.chunk(tp, dim=0)[rank]
+
+
+def _worker(rank: int, world: int, port: int, checkpoint: str, adapters: dict, ids, weights, out_path: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from slime_search.backends.megatron import cpu_compat
+    from slime_search.backends.megatron.distributed import gather_vocab_parallel, init_megatron, shutdown
+    from slime_search.backends.megatron.lora import LoraConfig, adapters_disabled, apply_lora, merged_state_dict
+    from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights
+
+    init_megatron(rank, world, tp_size=world, master_port=port)
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    shape = ModelShape.from_hf_config(hf.config)
+    options = ModelOptions.from_hf_config(hf.config, attention_impl="packed", sequence_parallel=world > 1)
+    model = build_gpt_model(shape, options)
+    load_hf_weights(model, hf.state_dict(), shape, options)
+    wrapped = apply_lora(model, LoraConfig(rank=RANK, alpha=ALPHA))
+    full = megatron_adapters(adapters, shape)
+    with torch.no_grad():
+        for path in wrapped:
+            module = model.get_submodule(path)
+            a, b = adapter_shards(path, *full[path], shape, world, rank)
+            module.linear_in.weight.copy_(a)
+            module.linear_out.weight.copy_(b)
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    mask = cpu_compat.causal_mask(ids.shape[1])
+    logits = model(ids, positions, attention_mask=mask)
+    padded = torch.zeros(*weights.shape[:-1], logits.shape[-1] * world)  # the padding columns weigh nothing
+    padded[..., : shape.vocab_size] = weights
+    (logits * padded.chunk(world, dim=-1)[rank]).sum().backward()  # each rank its vocabulary shard's part
+    with torch.no_grad(), adapters_disabled(model):
+        base_logits = model(ids, positions, attention_mask=mask)
+    torch.save(
+        {
+            "wrapped": wrapped,
+            "logits": gather_vocab_parallel(logits.detach())[..., : shape.vocab_size],
+            "base_logits": gather_vocab_parallel(base_logits)[..., : shape.vocab_size],
+            "trainable": sorted(n for n, p in model.named_parameters() if p.requires_grad),
+            "with_grad": sorted(n for n, p in model.named_parameters() if p.grad is not None),
+            "grads": {path: (m.linear_in.weight.grad, m.linear_out.weight.grad) for path in wrapped
+                      for m in [model.get_submodule(path)]},
+            "merged": merged_state_dict(model),
+        },
+        f"{out_path}.{rank}.pt",
+    )  # fmt: skip
+    shutdown()
+
+
+def full_grads(ranks: list[dict], shape, tp: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Every rank's adapter gradients put back to full size (the inverse of adapter_shards)."""
+    out = {}
+    for path in ranks[0]["grads"]:
+        a = [r["grads"][path][0] for r in ranks]
+        b = [r["grads"][path][1] for r in ranks]
+        if path.rsplit(".", 1)[-1] in COLUMN:
+            name = f"{path}.weight"
+            full_b = gather_tensor_parallel([{name: x} for x in b])[name]
+            out[path] = (torch.cat(a, dim=0), full_b)
+        else:
+            out[path] = (torch.cat(a, dim=1), torch.cat(b, dim=0))
+    return out
+
+
+def peft_reference(checkpoint: str, adapters: dict, ids, weights):
+    """PEFT's LoRA on the HF model with the same adapters: logits, the adapters' gradients, the merged weights."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    targets = sorted({name.rsplit(".", 1)[-1] for names in HF_NAMES.values() for name in names})
+    model = get_peft_model(hf, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets))
+    with torch.no_grad():
+        for path, (a, b) in adapters.items():
+            module = model.base_model.model.get_submodule(path)
+            module.lora_A["default"].weight.copy_(a)
+            module.lora_B["default"].weight.copy_(b)
+    logits = model(ids).logits
+    (logits * weights).sum().backward()
+    grads = {}
+    for path in adapters:
+        module = model.base_model.model.get_submodule(path)
+        grads[path] = (module.lora_A["default"].weight.grad, module.lora_B["default"].weight.grad)
+    merged = model.merge_and_unload().state_dict()
+    return logits.detach(), grads, merged
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_lora_at_tp1_and_tp2_with_sequence_parallelism_matches_peft(request, tmp_path, family):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    checkpoint = str(request.getfixturevalue("tiny_checkpoint" if family == "qwen2" else "tiny_qwen3_checkpoint"))
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(checkpoint))
+    adapters = hf_adapters(hf, seed=3)
+    ids = torch.randint(0, shape.vocab_size, (1, 24), generator=torch.Generator().manual_seed(5))
+    weights = torch.randn(1, 24, shape.vocab_size, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        base_logits = hf(ids).logits
+    peft_logits, peft_grads, peft_merged = peft_reference(checkpoint, adapters, ids, weights)
+    assert (peft_logits - base_logits).abs().max().item() > 1e-2  # the adapters change the model
+
+    for tp in (1, 2):
+        out = str(tmp_path / f"{family}_tp{tp}")
+        mp.spawn(_worker, args=(tp, free_port(), checkpoint, adapters, ids, weights, out), nprocs=tp, join=True)
+        ranks = [torch.load(f"{out}.{rank}.pt") for rank in range(tp)]
+        what = f"{family} TP {tp}"
+        assert len(ranks[0]["wrapped"]) == 4 * shape.num_layers, what
+        # only the adapters train, and only they received gradients
+        assert all(".linear_in." in n or ".linear_out." in n for n in ranks[0]["trainable"]), what
+        assert len(ranks[0]["trainable"]) == 8 * shape.num_layers and ranks[0]["with_grad"] == ranks[0]["trainable"]
+        assert (ranks[0]["logits"] - peft_logits).abs().max().item() < 1e-4, what
+        assert (ranks[0]["base_logits"] - base_logits).abs().max().item() < 1e-4, what
+
+        grads = full_grads(ranks, shape, tp)
+        theirs = megatron_adapters(peft_grads, shape)  # fuses the B gradients as the B were fused
+        for path, (grad_a, grad_b) in grads.items():
+            i, megatron = path.split(".", 3)[2], path.split(".", 3)[3]
+            peft_a = sum(peft_grads[f"model.layers.{i}.{name}"][0] for name in HF_NAMES[megatron])  # A is shared
+            scale = peft_a.abs().max().item()
+            assert (grad_a - peft_a).abs().max().item() < 1e-4 * max(scale, 1.0), (what, path, "A")
+            assert (grad_b - theirs[path][1]).abs().max().item() < 1e-4 * max(scale, 1.0), (what, path, "B")
+
+        merged = megatron_to_hf_part(gather_tensor_parallel([r["merged"] for r in ranks]), shape)
+        for name, tensor in merged.items():
+            assert (tensor - peft_merged[name]).abs().max().item() < 1e-5, (what, name)
