@@ -18,6 +18,7 @@ from slime_search.config.checkpoints import CheckpointConfig
 from slime_search.config.cluster import ClusterConfig
 from slime_search.config.engines import EngineConfig
 from slime_search.config.logs import LogConfig
+from slime_search.config.lora import LoraConfig
 from slime_search.config.loss import LossConfig
 from slime_search.config.optim import OptimConfig
 from slime_search.config.rollout import DataConfig, RolloutConfig, RolloutManagerConfig, SamplingConfig
@@ -60,6 +61,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(g, TrainingConfig, skip=RUN_LENGTH_FLAGS)
     add_flags(g, ImportanceWeightsConfig)
     add_flags(g, OptimConfig)
+    add_flags(parser.add_argument_group("LoRA (miles' names)"), LoraConfig)
 
 
 RUN_LENGTH_FLAGS = ("num_rollout", "global_batch_size")  # TrainingConfig's, in the help's data and rollout group
@@ -134,6 +136,7 @@ def check_flags(args: argparse.Namespace) -> None:
             "(--rollout-batch-size x --n-samples-per-prompt)"
         )
     check_layout(args, widths_from_flags(args))
+    check_lora(from_flags(LoraConfig, args), cluster)
     check_importance_weights(args, flags)
     if cluster.colocate:
         check_colocation(args)
@@ -144,6 +147,18 @@ def check_flags(args: argparse.Namespace) -> None:
         )
     if args.async_mode != "off" and sft:
         raise ValueError("--async-mode applies to RL: in SFT the samples come from another engine, not the policy")
+
+
+def check_lora(lora: LoraConfig, cluster: ClusterConfig) -> None:
+    if not lora.enabled:
+        return
+    if lora.lora_rank % cluster.tensor_model_parallel_size:
+        raise ValueError(
+            f"--lora-rank {lora.lora_rank} must be a multiple of --tensor-model-parallel-size "
+            f"{cluster.tensor_model_parallel_size}: each adapter is split the way its layer is"
+        )
+    if cluster.attention_impl == "te":
+        raise ValueError("--lora-rank: the adapters wrap Megatron's local linears; use --attention-impl packed")
 
 
 def check_importance_weights(args: argparse.Namespace, flags: TypedFlags) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from slime_search.config.checkpoints import CheckpointConfig
 from slime_search.config.cluster import ClusterConfig
 from slime_search.config.logs import LogConfig
+from slime_search.config.lora import LoraConfig
 from slime_search.config.rollout import DataConfig, RolloutConfig, RolloutManagerConfig, SamplingConfig
 from slime_search.config.training import ImportanceWeightsConfig, TrainingConfig
 from slime_search.evaluation.flags import EvalConfig
@@ -90,12 +91,15 @@ def model_source(args: argparse.Namespace):
         "recompute_num_layers": args.recompute_num_layers,
         "attention_impl": args.attention_impl,
     }
+    lora = from_flags(LoraConfig, args)
+    if lora.enabled and args.attention_impl == "auto":
+        overrides["attention_impl"] = "packed"  # the adapters wrap Megatron's local linears, not TransformerEngine's
     # Given with ${MODEL_ARGS[@]}, they shape the model as they shaped a converted torch_dist checkpoint (the vocab
     # padding is the embedding's size); left out, config.json's context length and Megatron's padding of 128 apply.
     for name in ("make_vocab_size_divisible_by", "max_position_embeddings"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
-    return ModelSource(args.hf_checkpoint, args.load, args.use_kl_loss, args.ref_load, overrides)
+    return ModelSource(args.hf_checkpoint, args.load, args.use_kl_loss, args.ref_load, overrides, lora)
 
 
 def custom_tis(args: argparse.Namespace):

@@ -12,6 +12,7 @@ from slime_search.config.checkpoints import CheckpointConfig
 from slime_search.config.cluster import TRANSPORT_NAMES, ClusterConfig
 from slime_search.config.engines import EngineConfig
 from slime_search.config.logs import LogConfig
+from slime_search.config.lora import LoraConfig
 from slime_search.config.loss import LossConfig
 from slime_search.config.model import ModelArgs
 from slime_search.config.optim import OptimConfig
@@ -98,7 +99,7 @@ def test_required_list_switch_and_exclusive_flags_are_declared_from_their_fields
 FLAG_CLASSES = [
     CheckpointConfig, ClusterConfig, EngineConfig, DataConfig, RolloutConfig, SamplingConfig, RolloutManagerConfig,
     TrainingConfig, ImportanceWeightsConfig, LossConfig, OptimConfig, ScheduleConfig, EvalConfig, EvalSubset, LogConfig,
-    HealthConfig, SearchR1Config, RewardConfig, ModelArgs,
+    HealthConfig, SearchR1Config, RewardConfig, ModelArgs, LoraConfig,
 ]  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from slime_search.config.lora import LoraConfig
 from slime_search.types import TrainSample
 from slime_search.utils.actor_logging import log_to_run_folder
 from slime_search.weight_sync.rank import WeightSyncRank
@@ -41,6 +42,7 @@ class ModelSource:
     with_reference: bool = False  # also load the frozen KL reference
     ref_load: str | None = None  # torch_dist folder of the reference (else the initial actor weights)
     model_overrides: dict[str, Any] = field(default_factory=dict)  # options beyond config.json (dtype, SP)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # adapters on the actor, its base frozen (--lora-rank)
 
 
 def create_placement_group(config: TrainGroupConfig):
@@ -183,11 +185,17 @@ class TrainRank(WeightSyncRank):
         return model
 
     def load_models(self, source: ModelSource, actor_config) -> None:
-        """The actor, initialised from the HF checkpoint or `source.load`; the KL reference if asked for."""
-        from slime_search.backends.megatron.actor import MegatronActor, ReferenceModel
+        """The actor, initialised from the HF checkpoint or `source.load` (with LoRA's adapters on it); the KL
+        reference if asked for: under LoRA the actor with its adapters disabled, unless --ref-load names another."""
+        from slime_search.backends.megatron.actor import AdapterOffReference, MegatronActor, ReferenceModel
+        from slime_search.backends.megatron.lora import apply_lora
 
-        self.actor = MegatronActor(self._build(source.hf_checkpoint, source.load, source.model_overrides), actor_config)
-        if source.with_reference:
+        model = self._build(source.hf_checkpoint, source.load, source.model_overrides)
+        apply_lora(model, source.lora)  # before the optimizer and the gradient buffers: only adapters train
+        self.actor = MegatronActor(model, actor_config)
+        if source.with_reference and source.lora.enabled and source.ref_load is None:
+            self.reference = AdapterOffReference(self.actor)
+        elif source.with_reference:
             reference = self._build(source.hf_checkpoint, source.ref_load or source.load, source.model_overrides)
             self.reference = ReferenceModel(reference, actor_config)
 

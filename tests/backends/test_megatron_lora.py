@@ -76,7 +76,7 @@ def _worker(rank: int, world: int, port: int, checkpoint: str, adapters: dict, i
     options = ModelOptions.from_hf_config(hf.config, attention_impl="packed", sequence_parallel=world > 1)
     model = build_gpt_model(shape, options)
     load_hf_weights(model, hf.state_dict(), shape, options)
-    wrapped = apply_lora(model, LoraConfig(rank=RANK, alpha=ALPHA))
+    wrapped = apply_lora(model, LoraConfig(lora_rank=RANK, lora_alpha=ALPHA))
     full = megatron_adapters(adapters, shape)
     with torch.no_grad():
         for path in wrapped:

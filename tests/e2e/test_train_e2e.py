@@ -218,3 +218,24 @@ def test_a_retriever_that_is_down_stops_the_run_before_ray_starts(tiny_checkpoin
     assert f"preflight failed: cannot reach the retriever at {closed}/retrieve" in done.stderr
     assert time.monotonic() - started < 30  # seconds, not the minutes Ray, the engines and the models take
     assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()  # no run folder: nothing started
+
+
+def test_a_lora_policy_trains_its_adapters_and_the_engine_serves_them_merged(tiny_checkpoint, tmp_path):
+    """--lora-rank at TP 2: only the adapters train, each push carries the weights with the adapters folded in (the
+    engine's log-probs equal the trainer's), and the KL reference is the same model with its adapters disabled (the
+    KL grows from 0 as the adapters move)."""
+    lora = ["--lora-rank", "4", "--lora-alpha", "8", "--update-weight-transport", "nccl"]
+    records = run_three_disk_free_steps(tiny_checkpoint, tmp_path, *lora)
+    train = [r for r in records if "train/loss" in r]
+    assert train[0]["train/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the adapters start at zero: policy = base
+    from torch.distributed.checkpoint import FileSystemReader
+
+    folder = tmp_path / "run" / "checkpoints" / "iter_0000003"
+    keys = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    assert {
+        "decoder.layers.self_attention.linear_qkv.linear_in.weight",
+        "decoder.layers.mlp.linear_fc2.base.weight",
+    } <= set(keys)
+    optimizer = sum(path.stat().st_size for path in folder.glob("optimizer_*.pt"))
+    weights = sum(path.stat().st_size for path in folder.glob("*.distcp"))
+    assert optimizer < 0.01 * weights  # Adam's moments of the adapters only: the base has none

@@ -165,6 +165,27 @@ class ReferenceModel:
         return self.offloader.onload()
 
 
+class AdapterOffReference:
+    """The KL reference under LoRA: the actor's own model with its adapters disabled, which is the frozen base (no
+    second model is loaded, and none is offloaded)."""
+
+    def __init__(self, actor: MegatronActor):
+        self.actor = actor
+
+    def compute_log_probs(self, samples: list[TrainSample]) -> list[list[float]]:
+        from slime_search.backends.megatron.lora import adapters_disabled
+
+        self.actor.model.eval()
+        with adapters_disabled(self.actor.model.module):
+            return packed_log_probs(self.actor.model, self.actor.layout, samples, self.actor.config)
+
+    def offload(self) -> int:
+        return 0
+
+    def onload(self) -> int:
+        return 0
+
+
 class MegatronActor:
     def __init__(self, model, config: ActorConfig):
         """`model`: a GPTModel on this rank, weights loaded; model-parallel state initialised. The optimizer takes
@@ -287,5 +308,11 @@ class MegatronActor:
         return stats.float()
 
     def local_state_dict(self) -> dict[str, torch.Tensor]:
-        """This rank's shard of the weights, Megatron names (for gathering into HF weights)."""
-        return {k: v for k, v in self.model.module.state_dict().items() if not k.endswith("_extra_state")}
+        """This rank's shard of the weights, Megatron names (for gathering into HF weights); under LoRA each adapter
+        folded into its base weight."""
+        from slime_search.backends.megatron.lora import lora_modules, merged_state_dict
+
+        model = self.model.module
+        if next(lora_modules(model), None) is not None:
+            return merged_state_dict(model)
+        return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}

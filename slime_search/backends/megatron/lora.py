@@ -24,44 +24,13 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
+from slime_search.config.lora import LoraConfig
+
 COLUMN_PARALLEL = ("linear_qkv", "linear_fc1")  # the base's output rows are split over the TP ranks
 ROW_PARALLEL = ("linear_proj", "linear_fc2")  # the base's input columns are
-TARGETS = COLUMN_PARALLEL + ROW_PARALLEL
-
-
-@dataclass(frozen=True)
-class LoraConfig:
-    rank: int = 0  # 0: no adapters, every weight trains
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = TARGETS
-    exclude_modules: tuple[str, ...] = ()  # module paths (or their last names) left without an adapter
-
-    def __post_init__(self) -> None:
-        if self.rank < 0 or self.alpha <= 0 or not 0 <= self.dropout < 1:
-            raise ValueError(
-                f"LoRA needs rank >= 0, alpha > 0 and dropout in [0, 1): got {self.rank}, {self.alpha}, {self.dropout}"
-            )
-        unknown = sorted(set(self.target_modules) - set(TARGETS))
-        if unknown:
-            raise ValueError(f"unknown LoRA target modules {unknown}: the projections are {', '.join(TARGETS)}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
-    def targets(self, path: str) -> bool:
-        """Whether the module at `path` (decoder.layers.3.self_attention.linear_qkv) gets an adapter."""
-        last = path.rsplit(".", 1)[-1]
-        return last in self.target_modules and not (path in self.exclude_modules or last in self.exclude_modules)
 
 
 class LoRALinear(torch.nn.Module):
@@ -74,32 +43,43 @@ class LoRALinear(torch.nn.Module):
 
         super().__init__()
         tp = parallel_state.get_tensor_model_parallel_world_size()
-        if config.rank % tp:
-            raise ValueError(f"LoRA rank {config.rank} must be a multiple of the tensor-parallel size {tp}")
+        rank = config.lora_rank
+        if rank % tp:
+            raise ValueError(f"--lora-rank {rank} must be a multiple of the tensor-parallel size {tp}")
         self.base = base
         self.row_parallel = kind in ROW_PARALLEL
         self.scale = config.scale
         self.enabled = True
         self.sequence_parallel = model_config.sequence_parallel
-        self.dropout = torch.nn.Dropout(config.dropout) if config.dropout else torch.nn.Identity()
+        self.dropout = torch.nn.Dropout(config.lora_dropout) if config.lora_dropout else torch.nn.Identity()
         adapter_config = dataclasses.replace(model_config, sequence_parallel=False)
         in_features, out_features = base.input_size, base.output_size  # the full sizes, on every rank
         kaiming = _kaiming_uniform  # PEFT's initialisation of A; B starts at zero, so the adapter starts as no change
         if self.row_parallel:
             self.linear_in = RowParallelLinear(
-                in_features, config.rank, config=adapter_config, init_method=kaiming, bias=False,
+                in_features, rank, config=adapter_config, init_method=kaiming, bias=False,
                 input_is_parallel=True, skip_bias_add=True,
             )  # fmt: skip
             gather_out = True
         else:
             self.linear_in = ColumnParallelLinear(
-                in_features, config.rank, config=adapter_config, init_method=kaiming, bias=False, gather_output=True
+                in_features, rank, config=adapter_config, init_method=kaiming, bias=False, gather_output=True
             )
             gather_out = False
         self.linear_out = ColumnParallelLinear(
-            config.rank, out_features, config=adapter_config, init_method=torch.nn.init.zeros_, bias=False,
+            rank, out_features, config=adapter_config, init_method=torch.nn.init.zeros_, bias=False,
             gather_output=gather_out,
         )  # fmt: skip
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        """A torch_dist checkpoint's entries: each part sharded as the Megatron layer it is (the base as before, under
+        `base.`)."""
+        from megatron.core.transformer.utils import sharded_state_dict_default
+
+        out = {}
+        for name in ("base", "linear_in", "linear_out"):
+            out.update(sharded_state_dict_default(getattr(self, name), f"{prefix}{name}.", sharded_offsets, metadata))
+        return out
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
         output, bias = self.base(x, *args, **kwargs)
@@ -147,8 +127,9 @@ def apply_lora(model: torch.nn.Module, config: LoraConfig) -> list[str]:
     if not config.enabled:
         return []
     wrapped = []
+    projections = config.projections
     for path, module in list(model.named_modules()):
-        if not config.targets(path):
+        if path.rsplit(".", 1)[-1] not in projections:
             continue
         if hasattr(module, "return_layernorm_output") or type(module).__name__.startswith("TE"):
             raise ValueError(
@@ -160,7 +141,7 @@ def apply_lora(model: torch.nn.Module, config: LoraConfig) -> list[str]:
         setattr(parent, name, LoRALinear(module, name, config, model.config))
         wrapped.append(path)
     if not wrapped:
-        raise ValueError(f"no module of the model matches the LoRA targets {config.target_modules}")
+        raise ValueError(f"no module of the model is one of the LoRA projections {projections}")
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(is_adapter(name))
     return wrapped
