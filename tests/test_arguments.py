@@ -3,7 +3,7 @@
 import pytest
 
 from slime_search.arguments import check_model_flags, parse_args
-from slime_search.run_config import actor_config, steps_per_rollout, weight_transport
+from slime_search.run_config import actor_config, model_source, steps_per_rollout, weight_transport
 
 BASE = ["--hf-checkpoint", "ckpt", "--save", "run", "--prompt-data", "p.parquet", "--num-rollout", "2"]
 
@@ -92,6 +92,25 @@ def test_the_3b_run_script_passes_only_flags_the_driver_accepts():
     assert (args.kl_loss_type, args.kl_loss_coef, args.eps_clip, args.eps_clip_high) == ("low_var_kl", 0.001, 0.2, 0.28)
     assert args.num_layers == 36 and steps_per_rollout(args) == 1
     assert (args.rollout_num_gpus, args.colocate, weight_transport(args)) == (4, False, "nccl")
+
+
+def test_the_3b_run_script_with_lora_rank_trains_adapters_at_ten_times_the_rate():
+    import os
+    import subprocess
+
+    from tests.conftest import REPO_ROOT
+
+    for name in ("run_qwen2.5_3B.sh", "run_qwen3_4B.sh"):
+        script = REPO_ROOT / "examples" / "search-r1" / name
+        env = {**os.environ, "DRY_RUN": "1", "LORA_RANK": "32"}
+        out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True).stdout
+        args = parse_args(out.splitlines()[2:])
+        source = model_source(args)
+        assert (source.lora.lora_rank, source.lora.lora_alpha, args.lr) == (32, 32.0, 1e-5), name
+        assert source.lora.projections == ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"), name
+        assert source.model_overrides["attention_impl"] == "packed", name  # the adapters wrap the local linears
+        # slime's recipe gives --ref-load the --load weights: under LoRA the reference is the model, adapters off
+        assert source.with_reference and source.ref_load == source.load, name
 
 
 def test_the_qwen3_4b_run_script_trains_qwen3_with_native_tool_calls_and_thinking_off():

@@ -143,6 +143,7 @@ class TrainRank(WeightSyncRank):
         self.actor = None
         self.reference = None
         self.shape = None
+        self.lora = LoraConfig()
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This rank's node address and a port free there: rank 0 hosts the process group's rendezvous."""
@@ -186,14 +187,16 @@ class TrainRank(WeightSyncRank):
 
     def load_models(self, source: ModelSource, actor_config) -> None:
         """The actor, initialised from the HF checkpoint or `source.load` (with LoRA's adapters on it); the KL
-        reference if asked for: under LoRA the actor with its adapters disabled, unless --ref-load names another."""
+        reference if asked for: under LoRA the actor with its adapters disabled (its frozen base is the initial
+        weights), unless --ref-load names other weights than --load."""
         from slime_search.backends.megatron.actor import AdapterOffReference, MegatronActor, ReferenceModel
         from slime_search.backends.megatron.lora import apply_lora
 
         model = self._build(source.hf_checkpoint, source.load, source.model_overrides)
         apply_lora(model, source.lora)  # before the optimizer and the gradient buffers: only adapters train
+        self.lora = source.lora
         self.actor = MegatronActor(model, actor_config)
-        if source.with_reference and source.lora.enabled and source.ref_load is None:
+        if source.with_reference and source.lora.enabled and source.ref_load in (None, source.load):
             self.reference = AdapterOffReference(self.actor)
         elif source.with_reference:
             reference = self._build(source.hf_checkpoint, source.ref_load or source.load, source.model_overrides)

@@ -22,7 +22,8 @@ def release_ipc_memory() -> None:
 
 
 class WeightSyncRank:
-    """Needs `rank` (global rank), `actor` (MegatronActor) and `shape` (ModelShape) from the class it is mixed into."""
+    """Needs `rank` (global rank), `actor` (MegatronActor), `shape` (ModelShape) and `lora` (LoraConfig) from the
+    class it is mixed into."""
 
     broadcaster = None  # rank 0's WeightBroadcaster while connected
     _handle_buckets = None  # the tensor-handle stream of the push in progress
@@ -53,11 +54,15 @@ class WeightSyncRank:
 
     def write_hf_streamed(self, original_hf: str, out_dir: str, bucket_bytes: int) -> str | None:
         """Rank 0 writes an HF checkpoint shard by shard as the buckets are gathered (the other ranks help gather),
-        into a temporary sibling renamed into place when complete; returns its folder (None on the other ranks)."""
+        into a temporary sibling renamed into place when complete; returns its folder (None on the other ranks).
+        Under LoRA the folder holds the weights with the adapters folded in, and the adapters alone as a PEFT
+        adapter folder in `adapter/`."""
         import shutil
 
         from megatron_bridge.hf_io import save_hf_shards
+        from slime_search.backends.megatron.lora import full_adapters, save_peft_adapter
 
+        adapters = full_adapters(self.actor.model.module) if self.lora.enabled else None  # collective
         buckets = self._hf_buckets(bucket_bytes)
         if self.rank != 0:
             for _ in buckets:
@@ -67,6 +72,8 @@ class WeightSyncRank:
         tmp = out.with_name(out.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
         save_hf_shards(buckets, Path(original_hf), tmp)
+        if adapters is not None:
+            save_peft_adapter(tmp / "adapter", adapters, self.shape, self.lora, original_hf)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

@@ -224,7 +224,7 @@ def test_a_lora_policy_trains_its_adapters_and_the_engine_serves_them_merged(tin
     """--lora-rank at TP 2: only the adapters train, each push carries the weights with the adapters folded in (the
     engine's log-probs equal the trainer's), and the KL reference is the same model with its adapters disabled (the
     KL grows from 0 as the adapters move)."""
-    lora = ["--lora-rank", "4", "--lora-alpha", "8", "--update-weight-transport", "nccl"]
+    lora = ["--lora-rank", "4", "--lora-alpha", "8", "--update-weight-transport", "nccl", "--save-hf"]
     records = run_three_disk_free_steps(tiny_checkpoint, tmp_path, *lora)
     train = [r for r in records if "train/loss" in r]
     assert train[0]["train/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the adapters start at zero: policy = base
@@ -239,3 +239,16 @@ def test_a_lora_policy_trains_its_adapters_and_the_engine_serves_them_merged(tin
     optimizer = sum(path.stat().st_size for path in folder.glob("optimizer_*.pt"))
     weights = sum(path.stat().st_size for path in folder.glob("*.distcp"))
     assert optimizer < 0.01 * weights  # Adam's moments of the adapters only: the base has none
+    # --save-hf: the folded weights, and the adapters as a PEFT folder that loads onto the base model to the same model
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "run" / "hf" / "step_3"
+    ids = torch.arange(3, 27).unsqueeze(0)
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(folder).eval()(ids).logits
+        base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+        adapted = PeftModel.from_pretrained(base, folder / "adapter").eval()(ids).logits
+        start = AutoModelForCausalLM.from_pretrained(tiny_checkpoint).eval()(ids).logits
+    assert (merged - start).abs().max().item() > 1e-3  # the adapters moved the policy
+    assert (adapted - merged).abs().max().item() < 1e-4

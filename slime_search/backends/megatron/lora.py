@@ -181,3 +181,85 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         plain = name.replace(".base.", ".")
         out[plain] = merged.get(plain, tensor)
     return out
+
+
+def full_adapters(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Every adapter's A [r, in] and B [out, r], whole, B's rows in Megatron's order (collective over the TP group:
+    every rank calls it)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from megatron_bridge import gather_tensor_parallel
+
+    group = parallel_state.get_tensor_model_parallel_group()
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+
+    def gathered(tensor: torch.Tensor) -> list[torch.Tensor]:
+        parts = [torch.empty_like(tensor) for _ in range(tp)]
+        dist.all_gather(parts, tensor.contiguous(), group=group)
+        return parts
+
+    out = {}
+    for path, module in lora_modules(model):
+        a, b = module.linear_in.weight.detach(), module.linear_out.weight.detach()
+        if module.row_parallel:  # A split along its input like the base's columns, B along its rows
+            out[path] = (torch.cat(gathered(a), dim=1), torch.cat(gathered(b), dim=0))
+        else:  # A split along r, B's rows like the base weight's (query groups, or fc1's gate and up halves)
+            name = f"{path}.weight"
+            full_b = gather_tensor_parallel([{name: part} for part in gathered(b)])[name]
+            out[path] = (torch.cat(gathered(a), dim=0), full_b)
+    return out
+
+
+def peft_adapter_state(adapters: dict[str, tuple[torch.Tensor, torch.Tensor]], shape) -> dict[str, torch.Tensor]:
+    """The adapters under PEFT's names for the HF model: a fused projection's A shared by the HF projections it fuses,
+    its B's rows split between them."""
+    from megatron_bridge.qwen import split_qkv
+
+    out = {}
+    for path, (a, b) in adapters.items():
+        layer, projection = path.split(".")[2], path.rsplit(".", 1)[-1]
+        if projection == "linear_qkv":
+            parts = dict(
+                zip(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), split_qkv(b, shape), strict=True)
+            )
+        elif projection == "linear_fc1":
+            parts = dict(zip(("mlp.gate_proj", "mlp.up_proj"), b.chunk(2, dim=0), strict=True))
+        else:
+            parts = {"self_attn.o_proj" if projection == "linear_proj" else "mlp.down_proj": b}
+        for name, part in parts.items():
+            prefix = f"base_model.model.model.layers.{layer}.{name}"
+            out[f"{prefix}.lora_A.weight"] = a.clone()
+            out[f"{prefix}.lora_B.weight"] = part.contiguous()
+    return out
+
+
+def save_peft_adapter(
+    folder, adapters: dict[str, tuple[torch.Tensor, torch.Tensor]], shape, config: LoraConfig, base_model: str
+) -> None:
+    """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) that PEFT and SGLang load onto the HF
+    base model."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from slime_search.config.lora import PROJECTIONS
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(peft_adapter_state(adapters, shape), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    targets = [name for projection in config.projections for name in PROJECTIONS[projection]]
+    peft_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": config.lora_rank,
+        "lora_alpha": config.lora_alpha,
+        "lora_dropout": config.lora_dropout,
+        "target_modules": targets,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(peft_config, indent=1))
