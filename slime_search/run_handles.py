@@ -156,7 +156,7 @@ def start_parts(h: RunHandles, args) -> None:
     if not config.colocate:  # the engines start while the actor loads
         h.manager = create_rollout_manager(config.rollout, args, h.group, colocate=False)
     h.evaluator = BesideEval.start(h, args) if config.eval_engine is not None else InStepEval(h)
-    h.group.load_models(config.model, config.actor)
+    logger.info("%s", h.group.load_models(config.model, config.actor))
     # refuses a run whose --save disk is too small; a save that later finds it full says how much one needs
     h.checkpoint_bytes = check_disk_budget(config, h.group.checkpoint_layout(), h.run).per_checkpoint
     h.colocation = Colocation(config.colocate, h.group, h.manager)

@@ -185,10 +185,10 @@ class TrainRank(WeightSyncRank):
             load_model(model, weights_from)
         return model
 
-    def load_models(self, source: ModelSource, actor_config) -> None:
+    def load_models(self, source: ModelSource, actor_config) -> str:
         """The actor, initialised from the HF checkpoint or `source.load` (with LoRA's adapters on it); the KL
         reference if asked for: under LoRA the actor with its adapters disabled (its frozen base is the initial
-        weights), unless --ref-load names other weights than --load."""
+        weights), unless --ref-load names other weights than --load. Returns what the actor holds on this rank."""
         from slime_search.backends.megatron.actor import AdapterOffReference, MegatronActor, ReferenceModel
         from slime_search.backends.megatron.lora import apply_lora
 
@@ -201,6 +201,22 @@ class TrainRank(WeightSyncRank):
         elif source.with_reference:
             reference = self._build(source.hf_checkpoint, source.ref_load or source.load, source.model_overrides)
             self.reference = ReferenceModel(reference, actor_config)
+        return self.memory_plan(actor_config)
+
+    def memory_plan(self, actor_config) -> str:
+        """What the actor (and the KL reference) hold on this rank, in a line for the driver's log."""
+        from megatron.core import parallel_state
+
+        from slime_search.backends.megatron.actor import ReferenceModel
+        from slime_search.backends.megatron.memory import GIB, actor_memory
+
+        shards = parallel_state.get_data_parallel_world_size() if actor_config.optim.use_distributed_optimizer else 1
+        line = f"actor rank {self.rank} holds {actor_memory(self.actor.model.module, shards).describe()}"
+        if isinstance(self.reference, ReferenceModel):
+            line += f"; the KL reference {actor_memory(self.reference.model).weight_bytes / GIB:.2f} GiB more"
+        elif self.reference is not None:
+            line += "; the KL reference is its base, adapters off (no copy)"
+        return line
 
     def compute_ref_log_probs(self, samples) -> list[list[float]]:
         return self.reference.compute_log_probs(samples)
@@ -287,9 +303,11 @@ class RayTrainGroup:
         per_rank = [shards[r // self.config.tp_size] for r in range(self.config.num_ranks)]
         return ray.get([getattr(rank, method).remote(data) for rank, data in zip(self.ranks, per_rank, strict=True)])
 
-    def load_models(self, source: ModelSource, actor_config) -> None:
-        self.on_all_ranks("load_models", source, actor_config)
+    def load_models(self, source: ModelSource, actor_config) -> str:
+        """Loads every rank's models; returns what rank 0 holds (weights, gradients, optimizer state)."""
+        held = self.on_all_ranks("load_models", source, actor_config)
         self.with_reference = source.with_reference
+        return held[0]
 
     def _log_probs(self, method: str, shards: list[list[Any]]) -> list[list[list[float]]]:
         results = self._on_data_shards(method, shards)

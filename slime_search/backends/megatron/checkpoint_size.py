@@ -18,7 +18,8 @@ ADAM_MOMENTS = 2
 @dataclass(frozen=True)
 class CheckpointLayout:
     model_parameters: int  # every global parameter once (the padded vocabulary included)
-    slice_parameters: tuple[int, ...]  # the parameters each tensor-parallel slice holds, replicated ones included
+    # the parameters each tensor-parallel slice trains (the optimizer state's), replicated ones included
+    slice_parameters: tuple[int, ...]
     param_bytes: int  # bytes of one parameter in the model's dtype (2 for bf16)
 
     @property
@@ -41,12 +42,14 @@ def checkpoint_bytes(layout: CheckpointLayout) -> int:
 
 
 def rank_parameters(model) -> tuple[int, int]:
-    """(all, not-duplicated) parameter counts of this rank's model: the first is what its optimizer state covers,
-    the second its share of the global model (a tensor replicated over the TP ranks counts on TP rank 0 only)."""
+    """(trained, not-duplicated) parameter counts of this rank's model: the first is what its optimizer state covers
+    (every parameter, or under LoRA the adapters), the second its share of the global model (a tensor replicated over
+    the TP ranks counts on TP rank 0 only)."""
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
     params = list(model.parameters())
-    return sum(p.numel() for p in params), sum(p.numel() for p in params if param_is_not_tensor_parallel_duplicate(p))
+    trained = sum(p.numel() for p in params if p.requires_grad)
+    return trained, sum(p.numel() for p in params if param_is_not_tensor_parallel_duplicate(p))
 
 
 def layout_of_ranks(per_rank: list[tuple[int, int, int]], param_bytes: int) -> CheckpointLayout:
