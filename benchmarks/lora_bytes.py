@@ -6,7 +6,7 @@
 Each case builds the Megatron model in processes of its own (one per TP rank, gloo) on the meta device: the real
 model, its real LoRA adapters, no memory for either. From the built model, per rank: the weights, the fp32 gradients
 and Adam's state of what trains (backends/megatron/memory.py; without the distributed optimizer); a checkpoint's bytes
-(backends/megatron/checkpoint_size.py: the model once, the optimizer state per TP slice); and a push: the weights with
+(backends/megatron/checkpoint_size.py: what trains once, its optimizer state per TP slice); and a push: the weights with
 the adapters folded in (what every transport sends today) or the adapters alone (what SGLang's LoRA loading would
 take). Activations are not counted.
 """
@@ -58,12 +58,14 @@ def _worker(rank: int, world: int, port: int, shape_name: str, lora_rank: int, b
     trained, own = rank_parameters(model)
     named = list(model.named_parameters())
     own_adapters = sum(p.numel() for n, p in named if is_adapter(n) and param_is_not_tensor_parallel_duplicate(p))
+    own_base = sum(p.numel() for n, p in named if not is_adapter(n) and param_is_not_tensor_parallel_duplicate(p))
     record = {
         "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
         "memory": memory.__dict__,
         "trained": trained,
         "own": own,
         "own_adapters": own_adapters,
+        "own_base": own_base,
         "param_bytes": next(model.parameters()).element_size(),
     }
     Path(f"{out}.{rank}.json").write_text(json.dumps(record))
@@ -82,7 +84,8 @@ def measure(shape_name: str, tp: int, lora_rank: int, bf16: bool) -> dict:
         ranks = [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in range(tp)]
     param_bytes = ranks[0]["param_bytes"]
     layout = layout_of_ranks([(r["tp_rank"], r["trained"], r["own"]) for r in ranks], param_bytes)
-    adapters = sum(r["own_adapters"] for r in ranks)
+    slices = {r["tp_rank"]: r for r in ranks}.values()  # one data-parallel replica
+    adapters, base = sum(r["own_adapters"] for r in slices), sum(r["own_base"] for r in slices)
     memory = ranks[0]["memory"]
     return {
         "rank_gib": sum(memory[k] for k in ("weight_bytes", "gradient_bytes", "optimizer_bytes")) / GIB,
@@ -93,7 +96,7 @@ def measure(shape_name: str, tp: int, lora_rank: int, bf16: bool) -> dict:
         "checkpoint_gb": checkpoint_bytes(layout) / 1e9,
         "optimizer_in_checkpoint_gb": layout.optimizer_bytes() / 1e9,
         # a push carries the model without adapters (folded in), or the adapters alone
-        "push_merged_gb": (layout.model_parameters - adapters) * param_bytes / 1e9,
+        "push_merged_gb": base * param_bytes / 1e9,
         "push_adapters_gb": adapters * param_bytes / 1e9,
     }
 

@@ -26,6 +26,8 @@ OPTIONAL_IMPORTS = {
     "pillow": "transformers' chat templates",
     "scipy": "transformers' image utils",
     "trio": "anyio's lazy import (huggingface-hub's HTTP client)",
+    "accelerate": "transformers' modeling utils (installed with peft, the LoRA tests' reference)",
+    "boto3": "accelerate's SageMaker utils",
 }
 ENVIRONMENT = {"python_version": "3.12", "python_full_version": "3.12.3", "extra": ""}
 

@@ -132,26 +132,34 @@ def test_grpo_run_killed_and_resumed_with_the_same_command(tiny_checkpoint, tmp_
     assert all(e["segments"] and e["prompt"] for e in examples)
 
 
-def run_three_disk_free_steps(tiny_checkpoint, tmp_path, *flags: str) -> list[dict]:
+def tp2_command(tiny_checkpoint, tmp_path, retriever_url: str, num_rollout: int, *flags: str) -> list[str]:
+    """GRPO steps of the tiny policy at TP 2 with 1 MiB weight-sync buckets, run folder tmp_path/run."""
+    return [
+        sys.executable, "-m", "slime_search.train",
+        "--hf-checkpoint", str(tiny_checkpoint), "--save", str(tmp_path / "run"),
+        "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template",
+        "--num-rollout", str(num_rollout), "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+        "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
+        "--search-url", f"{retriever_url}/retrieve", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.001",
+        "--entropy-coef", "0.01",  # the policy moves even when every group's rewards tie
+        "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
+        "--update-weight-buffer-size", str(1 << 20), *flags,
+    ]  # fmt: skip
+
+
+def run_three_disk_free_steps(tiny_checkpoint, tmp_path, *flags: str, then=None) -> list[dict]:
     """Three GRPO steps of the tiny policy at TP 2 with 1 MiB weight-sync buckets; checks what every disk-free
-    transport must give, and returns the metrics records."""
+    transport must give, and returns the metrics records. `then(retriever_url)`: more to run while the retriever is
+    up, after the three steps."""
     retriever_args = prepare_task(tmp_path)
     run = tmp_path / "run"
     with RetrievalServerProcess(*retriever_args) as retriever:
-        command = [
-            sys.executable, "-m", "slime_search.train",
-            "--hf-checkpoint", str(tiny_checkpoint), "--save", str(run),
-            "--prompt-data", str(tmp_path / "train.parquet"), "--apply-chat-template",
-            "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--rollout-max-response-len", "8", "--max-response-tokens", "24", "--max-turns", "1",
-            "--search-url", f"{retriever.url}/retrieve", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.001",
-            "--entropy-coef", "0.01",  # the policy moves even when every group's rewards tie
-            "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
-            "--update-weight-buffer-size", str(1 << 20), *flags,
-        ]  # fmt: skip
+        command = tp2_command(tiny_checkpoint, tmp_path, retriever.url, 3, *flags)
         done = subprocess.run(command, capture_output=True, text=True, timeout=800)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        if then is not None:
+            then(retriever.url)
     train = [r for r in records if "train/loss" in r]
     assert [r["weight_version"] for r in train] == [1, 2, 3]  # what the engine reported after each push
     assert [r["rollout/weight_version"] for r in train] == [0, 1, 2]
@@ -223,27 +231,41 @@ def test_a_retriever_that_is_down_stops_the_run_before_ray_starts(tiny_checkpoin
 def test_a_lora_policy_trains_its_adapters_and_the_engine_serves_them_merged(tiny_checkpoint, tmp_path):
     """--lora-rank at TP 2: only the adapters train, each push carries the weights with the adapters folded in (the
     engine's log-probs equal the trainer's), and the KL reference is the same model with its adapters disabled (the
-    KL grows from 0 as the adapters move)."""
+    KL grows from 0 as the adapters move). A checkpoint holds the adapters and their optimizer state only, and a run
+    resumed from it goes on with the adapters it trained. --save-hf writes the folded weights and a PEFT folder."""
     lora = ["--lora-rank", "4", "--lora-alpha", "8", "--update-weight-transport", "nccl", "--save-hf"]
-    records = run_three_disk_free_steps(tiny_checkpoint, tmp_path, *lora)
+    resumed = {}
+
+    def one_more_step(retriever_url: str) -> None:
+        command = tp2_command(tiny_checkpoint, tmp_path, retriever_url, 4, *lora)
+        resumed["done"] = subprocess.run(command, capture_output=True, text=True, timeout=800)
+
+    records = run_three_disk_free_steps(tiny_checkpoint, tmp_path, *lora, then=one_more_step)
     train = [r for r in records if "train/loss" in r]
     assert train[0]["train/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the adapters start at zero: policy = base
     from torch.distributed.checkpoint import FileSystemReader
 
-    folder = tmp_path / "run" / "checkpoints" / "iter_0000003"
-    keys = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
-    assert {
-        "decoder.layers.self_attention.linear_qkv.linear_in.weight",
-        "decoder.layers.mlp.linear_fc2.base.weight",
-    } <= set(keys)
-    optimizer = sum(path.stat().st_size for path in folder.glob("optimizer_*.pt"))
-    weights = sum(path.stat().st_size for path in folder.glob("*.distcp"))
-    assert optimizer < 0.01 * weights  # Adam's moments of the adapters only: the base has none
+    folder = tmp_path / "run" / "hf" / "step_3"
+    checkpoint = tmp_path / "run" / "checkpoints" / "iter_0000003"
+    keys = set(FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata)
+    assert "decoder.layers.self_attention.linear_qkv.linear_in.weight" in keys
+    assert all(".linear_in." in k or ".linear_out." in k for k in keys), sorted(keys)[:5]  # no frozen weight
+    stored = sum(path.stat().st_size for path in checkpoint.iterdir())
+    folded = sum(path.stat().st_size for path in folder.glob("*.safetensors"))
+    assert stored < 0.02 * folded  # the adapters and their Adam moments: kilobytes against the model's megabytes
+
+    done = resumed["done"]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    again = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    fourth = [r for r in again if "train/loss" in r][3:]  # the resumed run's one step
+    assert [r["weight_version"] for r in fourth] == [4] and fourth[0]["train/train_rollout_logprob_abs_diff"] < 1e-3
+    # resumed with the trained adapters, the policy is still away from the base (reset adapters would give KL 0)
+    assert fourth[0]["train/kl_loss"] > 0.3 * train[2]["train/kl_loss"] > 0
+
     # --save-hf: the folded weights, and the adapters as a PEFT folder that loads onto the base model to the same model
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    folder = tmp_path / "run" / "hf" / "step_3"
     ids = torch.arange(3, 27).unsqueeze(0)
     with torch.no_grad():
         merged = AutoModelForCausalLM.from_pretrained(folder).eval()(ids).logits

@@ -205,11 +205,22 @@ def _write_results_in_process() -> None:
         filesystem_async._results_queue = queue.Queue()
 
 
+def checkpointed_state(model) -> dict:
+    """The model's sharded state dict as a checkpoint holds it: whole, or under LoRA only the adapters (what trains:
+    the frozen base is the initial weights, which every start loads again)."""
+    from slime_search.backends.megatron.lora import is_adapter, lora_modules
+
+    sharded = model.sharded_state_dict(prefix="")
+    if next(lora_modules(model), None) is None:
+        return sharded
+    return {name: entry for name, entry in sharded.items() if is_adapter(name)}
+
+
 def _save_model_files(model, folder: Path) -> None:
     from megatron.core import dist_checkpointing
 
     _write_results_in_process()
-    dist_checkpointing.save(model.sharded_state_dict(prefix=""), str(folder))
+    dist_checkpointing.save(checkpointed_state(model), str(folder))
 
 
 def save_model(model, root: str | Path, iteration: int) -> Path:
@@ -230,9 +241,10 @@ def load_model(model, root: str | Path, iteration: int | None = None) -> int:
     folder = iteration_dir(root, iteration)
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
-    state = dist_checkpointing.load(held_request(model.sharded_state_dict(prefix=""), folder), str(folder))
+    expected = checkpointed_state(model)
+    state = dist_checkpointing.load(held_request(expected, folder), str(folder))
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state")]
+    missing = [k for k in missing if k in expected and not k.endswith("_extra_state")]
     if missing or unexpected:
         raise KeyError(
             f"checkpoint {folder} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"

@@ -42,14 +42,13 @@ def checkpoint_bytes(layout: CheckpointLayout) -> int:
 
 
 def rank_parameters(model) -> tuple[int, int]:
-    """(trained, not-duplicated) parameter counts of this rank's model: the first is what its optimizer state covers
-    (every parameter, or under LoRA the adapters), the second its share of the global model (a tensor replicated over
-    the TP ranks counts on TP rank 0 only)."""
+    """Counts of what this rank trains, which is what a checkpoint holds (every parameter, or under LoRA the
+    adapters): (held, own), the first what its optimizer state covers, the second its share of the global model (a
+    tensor replicated over the TP ranks counts on TP rank 0 only)."""
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-    params = list(model.parameters())
-    trained = sum(p.numel() for p in params if p.requires_grad)
-    return trained, sum(p.numel() for p in params if param_is_not_tensor_parallel_duplicate(p))
+    trained = [p for p in model.parameters() if p.requires_grad]
+    return sum(p.numel() for p in trained), sum(p.numel() for p in trained if param_is_not_tensor_parallel_duplicate(p))
 
 
 def layout_of_ranks(per_rank: list[tuple[int, int, int]], param_bytes: int) -> CheckpointLayout:
