@@ -9,7 +9,7 @@ import pytest
 from slime_search.arguments import build_parser, parse_args
 from slime_search.compat.flags import declared_in_fields, vocabulary
 from slime_search.config.checkpoints import CheckpointConfig
-from slime_search.config.cluster import TRANSPORT_NAMES, ClusterConfig
+from slime_search.config.cluster import ClusterConfig
 from slime_search.config.engines import EngineConfig
 from slime_search.config.logs import LogConfig
 from slime_search.config.lora import LoraConfig
@@ -147,12 +147,6 @@ def test_a_config_built_in_code_is_checked_as_its_flags_are():
     with pytest.raises(ValueError, match="add --eval-engine"):
         EvalConfig(engine_url="http://e")
     assert EvalConfig(prompt_data=("nq", "a", "hotpotqa", "b")).sets == (("nq", "a"), ("hotpotqa", "b"))
-
-
-def test_the_weight_transports_flag_names_the_registered_kinds():
-    from slime_search.weight_sync.transports import TRANSPORTS
-
-    assert tuple(sorted(TRANSPORTS)) == TRANSPORT_NAMES
 
 
 def test_the_rollout_side_is_built_from_its_fields():
