@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from slime_search.health.records import MIN_NORMS
 from slime_search.utils.flag_fields import add_flags, flag, from_flags
 from slime_search.utils.flag_types import (
     fraction,
@@ -22,7 +23,7 @@ from slime_search.utils.flag_types import (
     probability,
 )
 
-MIN_WINDOW = 3  # the medians of the spike and length bounds need 3 values (records.MIN_NORMS)
+MIN_WINDOW = MIN_NORMS  # the medians of the spike and length bounds need that many values
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,14 @@ class HealthConfig:
     rewards_grouped: bool = True  # False without reward groups (SFT): no reward signal or drop to watch
     synchronous: bool = True  # False in --async-mode one-step | fully: the engine rules read version lag 0 only, and
     # the engines are probed every --health-patience steps (health.rules.bounds, health.engine_check)
+    adapters_from_zero: bool = False  # True with --lora-rank: each adapter's B starts at zero, so A's gradient does too
+    # and the first updates' norms measure half the adapters (rising 10-30x over the first steps, docs/lora.md); the
+    # gradient-spike yardstick waits for `window` applied steps instead of MIN_NORMS
+
+    @property
+    def spike_baseline_steps(self) -> int:
+        """Applied steps before a gradient-norm spike is judged."""
+        return self.window if self.adapters_from_zero else MIN_NORMS
 
     @property
     def max_outage_s(self) -> float:
@@ -274,4 +283,5 @@ def health_config(args: argparse.Namespace) -> HealthConfig:
         engine_serves_policy=not sft,
         rewards_grouped=not sft,
         synchronous=getattr(args, "async_mode", "off") == "off",
+        adapters_from_zero=bool(getattr(args, "lora_rank", 0)),
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_search.health.records import recent_median, starting_value, was_applied
+from slime_search.health.records import MIN_NORMS, recent_median, starting_value, was_applied
 
 MAX_POINTS = 500  # points of a drawn curve: more are averaged in buckets
 MARKERS_UP_TO = 60  # points of a curve drawn with a marker on each
@@ -108,23 +108,30 @@ def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def moving_bound(
-    records: list[dict[str, Any]], key: str, factor: float, window: int, keep: Callable[[dict], bool] = lambda r: True
+    records: list[dict[str, Any]],
+    key: str,
+    factor: float,
+    window: int,
+    keep: Callable[[dict], bool] = lambda r: True,
+    minimum: int = MIN_NORMS,
 ) -> tuple[list[int], list[float]]:
     """`factor` x the guard's `recent_median` of `key` before each step: the guard's moving bounds, step by step."""
     history = step_records(records)
     steps, values = [], []
     for index, record in enumerate(history):
-        median = recent_median(history[:index], key, window, keep)
+        median = recent_median(history[:index], key, window, keep, minimum)
         if median is not None:
             steps.append(record["step"])
             values.append(factor * median)
     return steps, values
 
 
-def refusal_bound(records: list[dict[str, Any]], spike: float, window: int) -> tuple[list[int], list[float]]:
+def refusal_bound(
+    records: list[dict[str, Any]], spike: float, window: int, minimum: int = MIN_NORMS
+) -> tuple[list[int], list[float]]:
     """The gradient norm above which the guard refused each step's update: `spike` x the median of the applied norms
-    among the `window` step records before it (HealthGuard.skip_above)."""
-    return moving_bound(records, "train/grad_norm", spike, window, was_applied)
+    among the `window` step records before it, once `minimum` of them exist (HealthGuard.skip_above)."""
+    return moving_bound(records, "train/grad_norm", spike, window, was_applied, minimum)
 
 
 def draw_length_bound(ax, records: list[dict[str, Any]], config: dict[str, Any] | None) -> None:
@@ -148,7 +155,8 @@ def draw_refusals(ax, records: list[dict[str, Any]], config: dict[str, Any] | No
     """Refused updates as red crosses at their gradient norm (a red dotted line when it was not finite), and the
     guard's refusal bound when its settings are known."""
     if config and config.get("grad_spike") is not None and config.get("window") is not None:
-        steps, values = refusal_bound(records, config["grad_spike"], config["window"])
+        minimum = config["window"] if config.get("adapters_from_zero") else MIN_NORMS
+        steps, values = refusal_bound(records, config["grad_spike"], config["window"], minimum)
         if steps:
             shown = downsample(steps, values)
             ax.plot(

@@ -25,12 +25,16 @@ def was_applied(record: dict[str, Any]) -> bool:
 
 
 def recent_median(
-    records: list[dict[str, Any]], key: str, window: int, keep: Callable[[dict[str, Any]], bool] = lambda r: True
+    records: list[dict[str, Any]],
+    key: str,
+    window: int,
+    keep: Callable[[dict[str, Any]], bool] = lambda r: True,
+    minimum: int = MIN_NORMS,
 ) -> float | None:
     """The median of `key`'s finite values in the last `window` of `records` (step records) that `keep` accepts; None
-    before MIN_NORMS of them. The guard's moving yardstick (spike and length bounds), and the report's drawing of it."""
+    before `minimum` of them. The guard's moving yardstick (spike and length bounds), and the report's drawing of it."""
     values = [v for r in records[-window:] if keep(r) and (v := num(r, key)) is not None and math.isfinite(v)]
-    return statistics.median(values) if len(values) >= MIN_NORMS else None
+    return statistics.median(values) if len(values) >= minimum else None
 
 
 def starting_value(records: list[dict[str, Any]], key: str) -> float | None:

@@ -144,6 +144,7 @@ class TrainRank(WeightSyncRank):
         self.reference = None
         self.shape = None
         self.lora = LoraConfig()
+        self.base: dict[str, str | None] = {}  # where the frozen base's weights came from (a LoRA checkpoint's record)
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This rank's node address and a port free there: rank 0 hosts the process group's rendezvous."""
@@ -195,6 +196,7 @@ class TrainRank(WeightSyncRank):
         model = self._build(source.hf_checkpoint, source.load, source.model_overrides)
         apply_lora(model, source.lora)  # before the optimizer and the gradient buffers: only adapters train
         self.lora = source.lora
+        self.base = {"hf_checkpoint": source.hf_checkpoint, "load": source.load}
         self.actor = MegatronActor(model, actor_config)
         if source.with_reference and source.lora.enabled and source.ref_load in (None, source.load):
             self.reference = AdapterOffReference(self.actor)
@@ -235,7 +237,10 @@ class TrainRank(WeightSyncRank):
 
     def save(self, root: str, iteration: int, extra_files: dict[str, str] | None = None) -> None:
         from slime_search.backends.megatron.checkpoint import save_actor
+        from slime_search.backends.megatron.lora import LORA_RECORD, lora_record
 
+        if self.lora.enabled:  # what tools/convert_lora_to_hf.py needs to rebuild the model the adapters sit on
+            extra_files = {**(extra_files or {}), LORA_RECORD: lora_record(self.lora, **self.base)}
         save_actor(self.actor, root, iteration, extra_files)
 
     def load(self, root: str, iteration: int | None = None) -> int:

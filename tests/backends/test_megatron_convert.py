@@ -150,6 +150,24 @@ def test_converter_rejects_mismatched_flags_and_missing_files(tiny_checkpoint, t
     assert no_ckpt.returncode == 2 and "not a torch_dist checkpoint" in no_ckpt.stderr
 
 
+def test_lora_converter_names_what_is_missing(tiny_checkpoint, tmp_path):
+    """A checkpoint without the LoRA record (a full run's) is pointed to the full converter; a recorded base that is
+    gone is named with the flag that overrides it. (The conversion itself: tests/e2e/test_train_e2e.py, LoRA.)"""
+    from slime_search.backends.megatron.lora import LORA_RECORD, lora_record
+    from slime_search.config.lora import LoraConfig
+
+    (tmp_path / "ckpt" / "iter_0000003").mkdir(parents=True)
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("3")
+    full = run_tool("convert_lora_to_hf.py", "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "out"))
+    assert full.returncode == 2 and "not a checkpoint of a --lora-rank run" in full.stderr
+    assert "tools/convert_torch_dist_to_hf.py" in full.stderr and "Traceback" not in full.stderr
+    record = lora_record(LoraConfig(lora_rank=4), str(tiny_checkpoint), str(tmp_path / "gone"))
+    (tmp_path / "ckpt" / "iter_0000003" / LORA_RECORD).write_text(record)
+    gone = run_tool("convert_lora_to_hf.py", "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "out"))
+    assert gone.returncode == 2 and "missing or incomplete: pass it to --base-load" in gone.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_megatron_reads_the_rope_base_a_tiny_policy_is_built_with():
     """transformers 5 keeps the base in `rope_parameters`; the trainer must use it, or train and serve diverge."""
     from slime_search.backends.megatron.model import ModelOptions

@@ -16,6 +16,7 @@ import torch
 from local_dense_retriever import build_index
 from local_dense_retriever.launch import RetrievalServerProcess
 from slime_search.search_r1.prompt import make_row
+from tests.conftest import REPO_ROOT
 from tests.retriever_helpers import write_tiny_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -274,3 +275,25 @@ def test_a_lora_policy_trains_its_adapters_and_the_engine_serves_them_merged(tin
         start = AutoModelForCausalLM.from_pretrained(tiny_checkpoint).eval()(ids).logits
     assert (merged - start).abs().max().item() > 1e-3  # the adapters moved the policy
     assert (adapted - merged).abs().max().item() < 1e-4
+
+    # tools/convert_lora_to_hf.py: the checkpoint of step 3 (trained at TP 2) to the same folders, at TP 1
+    from safetensors.torch import load_file
+
+    out = tmp_path / "converted"
+    converted = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools" / "convert_lora_to_hf.py"), "--load", str(checkpoint.parent),
+         "--iteration", "3", "--save", str(out / "adapter"), "--save-merged", str(out / "merged")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    assert json.loads((out / "adapter" / "adapter_config.json").read_text()) == json.loads(
+        (folder / "adapter" / "adapter_config.json").read_text()
+    )
+    ours, run = (
+        load_file(out / "adapter" / "adapter_model.safetensors"),
+        load_file(folder / "adapter" / "adapter_model.safetensors"),
+    )
+    assert ours.keys() == run.keys() and all(torch.equal(ours[k], run[k]) for k in run)
+    ours = load_file(out / "merged" / "model.safetensors")
+    run = {k: v for shard in sorted(folder.glob("model-*.safetensors")) for k, v in load_file(shard).items()}
+    assert ours.keys() == run.keys() and all(torch.allclose(ours[k], run[k], atol=1e-6) for k in run)

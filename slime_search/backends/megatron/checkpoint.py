@@ -301,15 +301,20 @@ def _rng_name() -> str:
 
 
 def rng_state() -> dict:
-    """This process's random states (python, numpy, torch CPU and CUDA), to continue a run bit for bit."""
+    """This process's random states (python, numpy, torch CPU and CUDA, and Megatron's model-parallel streams), to
+    continue a run bit for bit. Megatron's transformer block runs under sequence parallelism inside its tracker's
+    model-parallel stream: LoRA's dropout draws from that stream there, so the tracker's states belong here too (as
+    Megatron's own checkpoints keep `rng_tracker_states`)."""
     import random
 
     import numpy as np
     import torch
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    state["tracker"] = {name: tensor.clone() for name, tensor in get_cuda_rng_tracker().get_states().items()}
     return state
 
 
@@ -324,6 +329,10 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+    if state.get("tracker"):  # absent from checkpoints written before it was kept
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        get_cuda_rng_tracker().set_states({name: tensor.clone() for name, tensor in state["tracker"].items()})
 
 
 def save_actor(actor, root: str | Path, iteration: int, extra_files: dict[str, str] | None = None) -> Path:

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -31,6 +33,7 @@ from slime_search.config.lora import LoraConfig
 
 COLUMN_PARALLEL = ("linear_qkv", "linear_fc1")  # the base's output rows are split over the TP ranks
 ROW_PARALLEL = ("linear_proj", "linear_fc2")  # the base's input columns are
+LORA_RECORD = "lora_config.json"  # in a LoRA checkpoint's iteration folder: the adapters' settings and the base
 
 
 class LoRALinear(torch.nn.Module):
@@ -48,6 +51,7 @@ class LoRALinear(torch.nn.Module):
             raise ValueError(f"--lora-rank {rank} must be a multiple of the tensor-parallel size {tp}")
         self.base = base
         self.row_parallel = kind in ROW_PARALLEL
+        self.gated = kind == "linear_fc1" and model_config.gated_linear_unit  # rows: [gate; up] within each TP shard
         self.scale = config.scale
         self.enabled = True
         self.sequence_parallel = model_config.sequence_parallel
@@ -73,12 +77,19 @@ class LoRALinear(torch.nn.Module):
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
         """A torch_dist checkpoint's entries: each part sharded as the Megatron layer it is (the base as before, under
-        `base.`)."""
+        `base.`). A gated fc1's rows are each TP shard's gate rows then its up rows, so its weight and B are stored as
+        Megatron's MLP stores fc1 (apply_swiglu_sharded_factory: the gate halves, then the up halves) and load at any
+        TP size. (The MLP applies it to `linear_fc1.weight` only, not to the names under this wrapper.)"""
+        from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
         from megatron.core.transformer.utils import sharded_state_dict_default
 
         out = {}
         for name in ("base", "linear_in", "linear_out"):
             out.update(sharded_state_dict_default(getattr(self, name), f"{prefix}{name}.", sharded_offsets, metadata))
+        if self.gated:
+            singleton = (metadata or {}).get("singleton_local_shards", False)
+            for key in (f"{prefix}base.weight", f"{prefix}linear_out.weight"):
+                out[key] = apply_swiglu_sharded_factory(out[key], sharded_offsets, singleton)
         return out
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
@@ -234,32 +245,46 @@ def peft_adapter_state(adapters: dict[str, tuple[torch.Tensor, torch.Tensor]], s
     return out
 
 
-def save_peft_adapter(
-    folder, adapters: dict[str, tuple[torch.Tensor, torch.Tensor]], shape, config: LoraConfig, base_model: str
-) -> None:
-    """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) that PEFT and SGLang load onto the HF
-    base model."""
-    import json
-    from pathlib import Path
-
-    from safetensors.torch import save_file
-
+def peft_adapter_config(config: LoraConfig, base_model: str) -> dict:
+    """PEFT's adapter_config.json for adapters on the projections `config` names."""
     from slime_search.config.lora import PROJECTIONS
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(peft_adapter_state(adapters, shape), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
-    targets = [name for projection in config.projections for name in PROJECTIONS[projection]]
-    peft_config = {
+    return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model,
         "r": config.lora_rank,
         "lora_alpha": config.lora_alpha,
         "lora_dropout": config.lora_dropout,
-        "target_modules": targets,
+        "target_modules": [name for projection in config.projections for name in PROJECTIONS[projection]],
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
     }
-    (folder / "adapter_config.json").write_text(json.dumps(peft_config, indent=1))
+
+
+def save_peft_adapter(
+    folder, adapters: dict[str, tuple[torch.Tensor, torch.Tensor]], shape, config: LoraConfig, base_model: str
+) -> None:
+    """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) that PEFT and SGLang load onto the HF
+    base model."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(peft_adapter_state(adapters, shape), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (folder / "adapter_config.json").write_text(json.dumps(peft_adapter_config(config, base_model), indent=1))
+
+
+def lora_record(config: LoraConfig, hf_checkpoint: str, load: str | None) -> str:
+    """A LoRA checkpoint's LORA_RECORD: the adapters' settings and where the frozen base's weights came from."""
+    return json.dumps({"lora": dataclasses.asdict(config), "hf_checkpoint": hf_checkpoint, "load": load}, indent=1)
+
+
+def read_lora_record(iteration_folder) -> tuple[LoraConfig, dict]:
+    """The LoraConfig and the base's sources ({"hf_checkpoint", "load"}) a LoRA checkpoint was saved with."""
+    path = Path(iteration_folder) / LORA_RECORD
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {iteration_folder} is not a checkpoint of a --lora-rank run")
+    record = json.loads(path.read_text())
+    return LoraConfig(**record["lora"]), {"hf_checkpoint": record["hf_checkpoint"], "load": record["load"]}

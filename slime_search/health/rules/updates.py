@@ -49,13 +49,15 @@ class UpdateRefusals:
 
     def skip_above(self, history: list[dict[str, Any]]) -> float | None:
         """The gradient norm above which an update is refused: --health-grad-spike x the median of the recent applied
-        steps' (None until there are MIN_NORMS of them), or x the median of a new level's refused ones."""
+        steps' (None until there are `spike_baseline_steps` of them), or x the median of a new level's refused ones."""
         spike = self.config.grad_spike
         norms = [norm for _, norm in self.refused]
         if len(norms) >= LEVEL_SHIFT_REFUSALS and max(norms) <= spike * min(norms):
             return spike * statistics.median(norms)
         records = history if self.level is None else [r for r in history if r["step"] >= self.level[0]]
-        median = recent_median(records, "train/grad_norm", self.config.window, self._counts_for_norm)
+        median = recent_median(
+            records, "train/grad_norm", self.config.window, self._counts_for_norm, self.config.spike_baseline_steps
+        )
         return None if median is None else spike * median
 
     def _counts_for_norm(self, record: dict[str, Any]) -> bool:
