@@ -86,9 +86,11 @@ def receive_tensors(group, names: list[str], dtypes: list[str], shapes: list[lis
 
 
 # ---- tensor handles -------------------------------------------------------------------------------------------
-def serialize_named_tensors(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
-    """One rank's payload entry; the tensors must stay alive until the engine has answered."""
-    if any(t.is_cuda for _, t in named_tensors):
+def serialize_named_tensors(named_tensors: list[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> str:
+    """One rank's payload entry; the tensors must stay alive until the engine has answered. A list of (name, tensor)
+    for /update_weights_from_tensor; a dict {name: tensor} for /load_lora_adapter_from_tensors, which reads items()."""
+    tensors = named_tensors.values() if isinstance(named_tensors, dict) else [t for _, t in named_tensors]
+    if any(t.is_cuda for t in tensors):
         return _sglang_serializer().serialize(named_tensors, output_str=True)
     from multiprocessing.reduction import ForkingPickler
 

@@ -7,6 +7,7 @@ launcher (slime_search.engines.sglang_launch), only with another interpreter and
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -54,7 +55,17 @@ def engine_spec(model_path: str | Path, port: int, weight_version: str = "0") ->
     )
 
 
-def start_engine(model_path: str | Path, port: int, log_path: Path | None = None) -> ServerProcess:
-    process = engine_process(engine_spec(model_path, port), START_TIMEOUT_S, CPU_ENV, python(), log_path=log_path)
+def start_engine(
+    model_path: str | Path, port: int, log_path: Path | None = None, lora_rank: int | None = None
+) -> ServerProcess:
+    """A CPU engine; with `lora_rank`, serving LoRA adapters up to that rank on every projection (SGLang's
+    torch_native LoRA backend, loaded through /load_lora_adapter)."""
+    spec, env = engine_spec(model_path, port), CPU_ENV
+    if lora_rank is not None:
+        lora_args = ("--enable-lora", "--lora-backend", "torch_native", "--max-lora-rank", str(lora_rank),
+                     "--lora-target-modules", "all", "--max-loras-per-batch", "2")  # fmt: skip
+        spec = dataclasses.replace(spec, extra_args=(*spec.extra_args, *lora_args))
+        env = {**CPU_ENV, "SGLANG_CPU_UNPINNED": "1"}  # shims/sitecustomize.py: LoRA's index tensors, unpinned
+    process = engine_process(spec, START_TIMEOUT_S, env, python(), log_path=log_path)
     process.wait_ready()
     return process
