@@ -57,6 +57,10 @@ def model_as_trained(original: Path, args: argparse.Namespace):
     from slime_search.backends.megatron.model import ModelOptions
 
     hf_config = AutoConfig.from_pretrained(original)
+    if args.num_layers is not None:  # ${MODEL_ARGS[@]} given: each flag must agree with config.json, as in training
+        from slime_search.backends.megatron.model_args import check_against_hf_config, model_from_args
+
+        check_against_hf_config(*model_from_args(args), hf_config)
     given = {
         name: getattr(args, name)
         for name in ("make_vocab_size_divisible_by", "max_position_embeddings")
@@ -94,8 +98,11 @@ def main(argv=None) -> int:
     from slime_search.backends.megatron.model import build_gpt_model, load_hf_weights
     from slime_search.utils.net import free_port
 
+    try:
+        shape, options = model_as_trained(original, args)
+    except ValueError as error:
+        return fail(str(error))
     init_megatron(0, 1, tp_size=1, master_port=free_port())
-    shape, options = model_as_trained(original, args)
     model = build_gpt_model(shape, options)
     if base_load is None:
         load_hf_weights(model, read_hf_state(str(original)), shape, options)

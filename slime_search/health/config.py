@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from slime_search.health.records import MIN_NORMS
+from slime_search.health.records import MIN_NORMS, spike_baseline_steps
 from slime_search.utils.flag_fields import add_flags, flag, from_flags
 from slime_search.utils.flag_types import (
     fraction,
@@ -251,7 +251,7 @@ class HealthConfig:
     @property
     def spike_baseline_steps(self) -> int:
         """Applied steps before a gradient-norm spike is judged."""
-        return self.window if self.adapters_from_zero else MIN_NORMS
+        return spike_baseline_steps(self.window, self.adapters_from_zero)
 
     @property
     def max_outage_s(self) -> float:

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_search.health.records import MIN_NORMS, recent_median, starting_value, was_applied
+from slime_search.health.records import (
+    MIN_NORMS,
+    recent_median,
+    spike_baseline_steps,
+    starting_value,
+    was_applied,
+)
 
 MAX_POINTS = 500  # points of a drawn curve: more are averaged in buckets
 MARKERS_UP_TO = 60  # points of a curve drawn with a marker on each
@@ -155,7 +161,7 @@ def draw_refusals(ax, records: list[dict[str, Any]], config: dict[str, Any] | No
     """Refused updates as red crosses at their gradient norm (a red dotted line when it was not finite), and the
     guard's refusal bound when its settings are known."""
     if config and config.get("grad_spike") is not None and config.get("window") is not None:
-        minimum = config["window"] if config.get("adapters_from_zero") else MIN_NORMS
+        minimum = spike_baseline_steps(config["window"], bool(config.get("adapters_from_zero")))
         steps, values = refusal_bound(records, config["grad_spike"], config["window"], minimum)
         if steps:
             shown = downsample(steps, values)

@@ -11,6 +11,12 @@ from typing import Any
 MIN_NORMS = 3  # applied steps before a gradient-norm spike can be judged
 
 
+def spike_baseline_steps(window: int, adapters_from_zero: bool) -> int:
+    """Applied steps before a gradient-norm spike is judged: MIN_NORMS, or a whole window under LoRA (its B starts at
+    zero, and the first norms rise 10-30x while the run is healthy)."""
+    return window if adapters_from_zero else MIN_NORMS
+
+
 def num(metrics: dict[str, Any], key: str) -> float | None:
     """A finite number, or None: a NaN signal compares False with every bound and would silently pass each rule."""
     value = metrics.get(key)

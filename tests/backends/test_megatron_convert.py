@@ -165,7 +165,28 @@ def test_lora_converter_names_what_is_missing(tiny_checkpoint, tmp_path):
     (tmp_path / "ckpt" / "iter_0000003" / LORA_RECORD).write_text(record)
     gone = run_tool("convert_lora_to_hf.py", "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "out"))
     assert gone.returncode == 2 and "missing or incomplete: pass it to --base-load" in gone.stderr
-    assert not (tmp_path / "out").exists()
+    record = lora_record(LoraConfig(lora_rank=4), str(tiny_checkpoint), None)
+    (tmp_path / "ckpt" / "iter_0000003" / LORA_RECORD).write_text(record)
+    flags = model_args("tiny-qwen2")
+    flags[flags.index("--hidden-size") + 1] = "96"
+    wrong = run_tool("convert_lora_to_hf.py", "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "out"), *flags)
+    assert wrong.returncode == 2 and "--hidden-size: flags say 96, config.json says 64" in wrong.stderr
+    assert "Traceback" not in wrong.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_lora_record_names_local_folders_from_anywhere(tmp_path, monkeypatch):
+    import json
+
+    from slime_search.backends.megatron.lora import lora_record
+    from slime_search.config.lora import LoraConfig
+
+    (tmp_path / "base").mkdir()
+    monkeypatch.chdir(tmp_path)
+    record = json.loads(lora_record(LoraConfig(lora_rank=4), "base", None))
+    assert record["hf_checkpoint"] == str(tmp_path / "base") and record["load"] is None
+    assert (
+        json.loads(lora_record(LoraConfig(lora_rank=4), "Qwen/Qwen2.5-3B", None))["hf_checkpoint"] == "Qwen/Qwen2.5-3B"
+    )
 
 
 def test_megatron_reads_the_rope_base_a_tiny_policy_is_built_with():

@@ -314,7 +314,7 @@ def rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
-    state["tracker"] = {name: tensor.clone() for name, tensor in get_cuda_rng_tracker().get_states().items()}
+    state["tracker"] = get_cuda_rng_tracker().get_states()  # a fork replaces its state, never changes it in place
     return state
 
 
@@ -332,7 +332,7 @@ def set_rng_state(state: dict) -> None:
     if state.get("tracker"):  # absent from checkpoints written before it was kept
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-        get_cuda_rng_tracker().set_states({name: tensor.clone() for name, tensor in state["tracker"].items()})
+        get_cuda_rng_tracker().set_states(dict(state["tracker"]))
 
 
 def save_actor(actor, root: str | Path, iteration: int, extra_files: dict[str, str] | None = None) -> Path:

@@ -277,8 +277,14 @@ def save_peft_adapter(
 
 
 def lora_record(config: LoraConfig, hf_checkpoint: str, load: str | None) -> str:
-    """A LoRA checkpoint's LORA_RECORD: the adapters' settings and where the frozen base's weights came from."""
-    return json.dumps({"lora": dataclasses.asdict(config), "hf_checkpoint": hf_checkpoint, "load": load}, indent=1)
+    """A LoRA checkpoint's LORA_RECORD: the adapters' settings and where the frozen base's weights came from (local
+    folders made absolute, so that the record holds from any working directory)."""
+
+    def located(path: str | None) -> str | None:
+        return str(Path(path).resolve()) if path is not None and Path(path).exists() else path
+
+    record = {"lora": dataclasses.asdict(config), "hf_checkpoint": located(hf_checkpoint), "load": located(load)}
+    return json.dumps(record, indent=1)
 
 
 def read_lora_record(iteration_folder) -> tuple[LoraConfig, dict]:
