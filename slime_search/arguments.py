@@ -159,6 +159,10 @@ def check_lora(lora: LoraConfig, cluster: ClusterConfig) -> None:
         )
     if cluster.attention_impl == "te":
         raise ValueError("--lora-rank: the adapters wrap Megatron's local linears; use --attention-impl packed")
+    if lora.lora_adapter_path:  # read here too, so that a folder that does not fit fails before anything starts
+        from slime_search.backends.megatron.lora_peft import read_peft_adapters
+
+        read_peft_adapters(lora.lora_adapter_path, lora)
 
 
 def check_importance_weights(args: argparse.Namespace, flags: TypedFlags) -> None:

@@ -5,10 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from slime_search.config.lora import LoraConfig
 from slime_search.health.config import HealthConfig
 from slime_search.health.guard import HealthGuard
 from slime_search.health.recovery import Recovery
 from slime_search.metrics import MetricsSink
+from slime_search.ray.train_group import ModelSource
 from slime_search.run_folder import RunFolder
 from slime_search.run_handles import RunHandles
 from slime_search.utils.records import RecordsError, append_records, keep_records_before, read_records
@@ -44,7 +46,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_recorded_once_per_step_when
         handle.write('{"step": 2, "train/lo')
     run.record_events([{"step": 1, "action": "warn", "rule": "logprob_gap", "message": "", "attempt": 0}])
     # nothing to push: the engines serve the HF weights
-    config = SimpleNamespace(model=SimpleNamespace(load=None), health=HealthConfig())
+    config = SimpleNamespace(model=ModelSource("hf"), health=HealthConfig())
     assert Recovery(RunHandles(config, run, sink, None, HealthGuard(HealthConfig()))).resume() == 0
     assert sink.read() == [] and read_records(run.examples) == [] and run.events() == []
     for step in range(3):
@@ -52,6 +54,43 @@ def test_a_run_killed_before_its_first_checkpoint_is_recorded_once_per_step_when
         run.record_examples(step, "train", [{"prompt": "p", "segments": []}])
     assert [r["step"] for r in sink.read()] == [0, 1, 2]
     assert [json.loads(line)["step"] for line in run.examples.read_text().splitlines()] == [0, 1, 2]
+
+
+class RecordedPushes:
+    """The transport and colocation a fresh start reaches: the versions pushed, and the hand-overs before them."""
+
+    def __init__(self):
+        self.calls = []
+
+    def push(self, version: str) -> str:
+        self.calls.append(("push", version))
+        return version
+
+    def for_weight_push(self) -> None:
+        self.calls.append(("for_weight_push",))
+
+
+@pytest.mark.parametrize(
+    ("source", "pushed"),
+    [
+        (ModelSource("hf"), []),
+        (ModelSource("hf", load="torch_dist"), [("for_weight_push",), ("push", "0")]),
+        (
+            ModelSource("hf", lora=LoraConfig(lora_rank=4, lora_adapter_path="adapter")),
+            [("for_weight_push",), ("push", "0")],
+        ),
+    ],
+)
+def test_a_fresh_start_off_the_hf_weights_pushes_the_actors_before_the_first_rollout(tmp_path, source, pushed):
+    """The engines start on the HF folder's weights; an actor that starts elsewhere (--load, or adapters from
+    --lora-adapter-path) must be pushed to them as version 0, else the first rollout samples another policy."""
+    both = RecordedPushes()
+    h = RunHandles(
+        SimpleNamespace(model=source, health=HealthConfig()), RunFolder(tmp_path), MetricsSink(tmp_path), None,
+        HealthGuard(HealthConfig()), transport=both, colocation=both,
+    )  # fmt: skip
+    assert Recovery(h).resume() == 0
+    assert both.calls == pushed
 
 
 def test_a_resume_forgets_the_warnings_it_will_redo_and_keeps_the_rollbacks(tmp_path):
@@ -144,7 +183,7 @@ def test_a_watched_held_out_fall_names_the_checkpoint_a_rollback_would_use(tmp_p
     guard = HealthGuard(HealthConfig())
     for step in range(7):  # step 3's batch was skipped: the steps around checkpoint 4 did not all stay clean
         guard.review(step, step_record(step, **({"health/step_skipped": 1.0} if step == 3 else {})))
-    config = SimpleNamespace(model=SimpleNamespace(load=None), health=HealthConfig())
+    config = SimpleNamespace(model=ModelSource("hf"), health=HealthConfig())
     recovery = Recovery(RunHandles(config, run, sink, None, guard))
 
     def evaluate(version, grades):

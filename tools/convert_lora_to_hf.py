@@ -94,7 +94,8 @@ def main(argv=None) -> int:
     from megatron_bridge.hf_io import read_hf_state, save_hf_folder
     from slime_search.backends.megatron.checkpoint import load_model
     from slime_search.backends.megatron.distributed import init_megatron, shutdown
-    from slime_search.backends.megatron.lora import apply_lora, full_adapters, merged_state_dict, save_peft_adapter
+    from slime_search.backends.megatron.lora import apply_lora, full_adapters, merged_state_dict
+    from slime_search.backends.megatron.lora_peft import save_peft_adapter
     from slime_search.backends.megatron.model import build_gpt_model, load_hf_weights
     from slime_search.utils.net import free_port
 

@@ -38,10 +38,18 @@ class LoraConfig:
         "gate/up go together (Megatron fuses them)",
     )
     exclude_modules: str | None = flag(None, "projections left without adapters, comma-separated (the same names)")
+    lora_adapter_path: str | None = flag(
+        None,
+        "a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) the adapters start from instead of "
+        "zero; its r and lora_alpha must equal --lora-rank and --lora-alpha. A resumed run's checkpoint takes "
+        "precedence",
+    )
 
     def __post_init__(self) -> None:
         if self.lora_rank:
             self.projections  # noqa: B018  (checks the names)
+        elif self.lora_adapter_path:
+            raise ValueError("--lora-adapter-path needs --lora-rank (the folder's r)")
 
     @property
     def enabled(self) -> bool:

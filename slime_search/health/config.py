@@ -244,7 +244,7 @@ class HealthConfig:
     rewards_grouped: bool = True  # False without reward groups (SFT): no reward signal or drop to watch
     synchronous: bool = True  # False in --async-mode one-step | fully: the engine rules read version lag 0 only, and
     # the engines are probed every --health-patience steps (health.rules.bounds, health.engine_check)
-    adapters_from_zero: bool = False  # True with --lora-rank: each adapter's B starts at zero, so A's gradient does too
+    adapters_from_zero: bool = False  # True with --lora-rank: each adapter's B starts at zero, so A's gradient does too; not from --lora-adapter-path
     # and the first updates' norms measure half the adapters (rising 10-30x over the first steps, docs/lora.md); the
     # gradient-spike yardstick waits for `window` applied steps instead of MIN_NORMS
 
@@ -283,5 +283,5 @@ def health_config(args: argparse.Namespace) -> HealthConfig:
         engine_serves_policy=not sft,
         rewards_grouped=not sft,
         synchronous=getattr(args, "async_mode", "off") == "off",
-        adapters_from_zero=bool(getattr(args, "lora_rank", 0)),
+        adapters_from_zero=bool(getattr(args, "lora_rank", 0)) and not getattr(args, "lora_adapter_path", None),
     )

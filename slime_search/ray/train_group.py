@@ -44,6 +44,12 @@ class ModelSource:
     model_overrides: dict[str, Any] = field(default_factory=dict)  # options beyond config.json (dtype, SP)
     lora: LoraConfig = field(default_factory=LoraConfig)  # adapters on the actor, its base frozen (--lora-rank)
 
+    @property
+    def starts_off_hf(self) -> bool:
+        """Whether the actor's initial weights differ from the HF folder's, which the engines start on: the engines
+        then need the actor's weights before the first rollout."""
+        return self.load is not None or self.lora.lora_adapter_path is not None
+
 
 def create_placement_group(config: TrainGroupConfig):
     import ray
@@ -192,9 +198,12 @@ class TrainRank(WeightSyncRank):
         weights), unless --ref-load names other weights than --load. Returns what the actor holds on this rank."""
         from slime_search.backends.megatron.actor import AdapterOffReference, MegatronActor, ReferenceModel
         from slime_search.backends.megatron.lora import apply_lora
+        from slime_search.backends.megatron.lora_peft import load_peft_adapters
 
         model = self._build(source.hf_checkpoint, source.load, source.model_overrides)
         apply_lora(model, source.lora)  # before the optimizer and the gradient buffers: only adapters train
+        if source.lora.lora_adapter_path:  # a resume loads the checkpoint's adapters over these
+            load_peft_adapters(model, source.lora.lora_adapter_path, source.lora, self.shape)
         self.lora = source.lora
         self.base = {"hf_checkpoint": source.hf_checkpoint, "load": source.load}
         self.actor = MegatronActor(model, actor_config)

@@ -60,7 +60,8 @@ class WeightSyncRank:
         import shutil
 
         from megatron_bridge.hf_io import save_hf_shards
-        from slime_search.backends.megatron.lora import full_adapters, save_peft_adapter
+        from slime_search.backends.megatron.lora import full_adapters
+        from slime_search.backends.megatron.lora_peft import save_peft_adapter
 
         adapters = full_adapters(self.actor.model.module) if self.lora.enabled else None  # collective
         buckets = self._hf_buckets(bucket_bytes)

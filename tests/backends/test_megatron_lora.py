@@ -2,7 +2,8 @@
 sequence parallelism (the 3B recipe's layout), on the tiny Qwen2 and Qwen3.
 
 The same adapters are set on both sides: PEFT's q/k/v adapters share the fused linear_qkv's A (its B's rows split by
-Megatron's group interleaving), gate/up share linear_fc1's. Compared: the logits, every adapter gradient (PEFT's
+Megatron's group interleaving), gate/up share linear_fc1's. The Megatron side reads them from the folder PEFT saved
+(`lora_peft.load_peft_adapters`, what --lora-adapter-path does), each rank its shard. Compared: the logits, every adapter gradient (PEFT's
 shared-A gradients summed), the weights with the adapters folded in (PEFT's merge_and_unload), the logits with the
 adapters disabled (the base model's: the KL reference), and which parameters train (only the adapters')."""
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from megatron_bridge import ModelShape, gather_tensor_parallel, megatron_to_hf_part, shard_tensor_parallel
+from megatron_bridge import ModelShape, gather_tensor_parallel, megatron_to_hf_part
 from megatron_bridge.qwen import fuse_qkv
 from slime_search.utils.net import free_port
 
@@ -53,21 +54,13 @@ def megatron_adapters(adapters: dict, shape: ModelShape) -> dict[str, tuple[torc
     return out
 
 
-def adapter_shards(path: str, a: torch.Tensor, b: torch.Tensor, shape, tp: int, rank: int):
-    """This rank's A and B: a column-parallel base's B is split like its weight (and A along r), a row-parallel
-    base's A like its weight's columns (and B along its rows)."""
-    if path.rsplit(".", 1)[-1] in COLUMN:
-        b_shard = shard_tensor_parallel({f"{path}.weight": b}, shape, tp, rank)[f"{path}.weight"]
-        return a.chunk(tp, dim=0)[rank], b_shard
-    return a.chunk(tp, dim=1)[rank], b.chunk(tp, dim=0)[rank]
-
-
-def _worker(rank: int, world: int, port: int, checkpoint: str, adapters: dict, ids, weights, out_path: str) -> None:
+def _worker(rank: int, world: int, port: int, checkpoint: str, peft_folder: str, ids, weights, out_path: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from slime_search.backends.megatron import cpu_compat
     from slime_search.backends.megatron.distributed import gather_vocab_parallel, init_megatron, shutdown
     from slime_search.backends.megatron.lora import LoraConfig, adapters_disabled, apply_lora, merged_state_dict
+    from slime_search.backends.megatron.lora_peft import load_peft_adapters
     from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights
 
     init_megatron(rank, world, tp_size=world, master_port=port)
@@ -76,14 +69,9 @@ def _worker(rank: int, world: int, port: int, checkpoint: str, adapters: dict, i
     options = ModelOptions.from_hf_config(hf.config, attention_impl="packed", sequence_parallel=world > 1)
     model = build_gpt_model(shape, options)
     load_hf_weights(model, hf.state_dict(), shape, options)
-    wrapped = apply_lora(model, LoraConfig(lora_rank=RANK, lora_alpha=ALPHA))
-    full = megatron_adapters(adapters, shape)
-    with torch.no_grad():
-        for path in wrapped:
-            module = model.get_submodule(path)
-            a, b = adapter_shards(path, *full[path], shape, world, rank)
-            module.linear_in.weight.copy_(a)
-            module.linear_out.weight.copy_(b)
+    config = LoraConfig(lora_rank=RANK, lora_alpha=ALPHA)
+    wrapped = apply_lora(model, config)
+    load_peft_adapters(model, peft_folder, config, shape)  # --lora-adapter-path: PEFT's own folder, this rank's shard
     positions = torch.arange(ids.shape[1]).expand_as(ids)
     mask = cpu_compat.causal_mask(ids.shape[1])
     logits = model(ids, positions, attention_mask=mask)
@@ -109,7 +97,7 @@ def _worker(rank: int, world: int, port: int, checkpoint: str, adapters: dict, i
 
 
 def full_grads(ranks: list[dict], shape, tp: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Every rank's adapter gradients put back to full size (the inverse of adapter_shards)."""
+    """Every rank's adapter gradients put back to full size (the inverse of the sharding load_peft_adapters does)."""
     out = {}
     for path in ranks[0]["grads"]:
         a = [r["grads"][path][0] for r in ranks]
@@ -123,8 +111,9 @@ def full_grads(ranks: list[dict], shape, tp: int) -> dict[str, tuple[torch.Tenso
     return out
 
 
-def peft_reference(checkpoint: str, adapters: dict, ids, weights):
-    """PEFT's LoRA on the HF model with the same adapters: logits, the adapters' gradients, the merged weights."""
+def peft_reference(checkpoint: str, adapters: dict, ids, weights, folder):
+    """PEFT's LoRA on the HF model with the same adapters, saved by PEFT to `folder`: logits, the adapters'
+    gradients, the merged weights."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -136,6 +125,7 @@ def peft_reference(checkpoint: str, adapters: dict, ids, weights):
             module = model.base_model.model.get_submodule(path)
             module.lora_A["default"].weight.copy_(a)
             module.lora_B["default"].weight.copy_(b)
+    model.save_pretrained(folder)
     logits = model(ids).logits
     (logits * weights).sum().backward()
     grads = {}
@@ -158,12 +148,13 @@ def test_lora_at_tp1_and_tp2_with_sequence_parallelism_matches_peft(request, tmp
     weights = torch.randn(1, 24, shape.vocab_size, generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         base_logits = hf(ids).logits
-    peft_logits, peft_grads, peft_merged = peft_reference(checkpoint, adapters, ids, weights)
+    folder = str(tmp_path / f"{family}_peft")
+    peft_logits, peft_grads, peft_merged = peft_reference(checkpoint, adapters, ids, weights, folder)
     assert (peft_logits - base_logits).abs().max().item() > 1e-2  # the adapters change the model
 
     for tp in (1, 2):
         out = str(tmp_path / f"{family}_tp{tp}")
-        mp.spawn(_worker, args=(tp, free_port(), checkpoint, adapters, ids, weights, out), nprocs=tp, join=True)
+        mp.spawn(_worker, args=(tp, free_port(), checkpoint, folder, ids, weights, out), nprocs=tp, join=True)
         ranks = [torch.load(f"{out}.{rank}.pt") for rank in range(tp)]
         what = f"{family} TP {tp}"
         assert len(ranks[0]["wrapped"]) == 4 * shape.num_layers, what

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from megatron_bridge import ModelShape
-from slime_search.backends.megatron.lora import save_peft_adapter
+from slime_search.backends.megatron.lora_peft import save_peft_adapter
 from slime_search.config.lora import LoraConfig
 from slime_search.engines.weight_wire import serialize_named_tensors
 from slime_search.utils.net import free_port

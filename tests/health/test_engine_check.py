@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from slime_search.health.config import HealthConfig
+from slime_search.ray.train_group import ModelSource
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -243,7 +244,7 @@ def run(tmp_path, world: World, steps=20, mode="off", **health):
     config = RunConfig(
         run_dir=str(tmp_path / "run"), num_rollout=steps, save_interval=5, keep_checkpoints=2, save_hf=False,
         eval_interval=5, log_rollout_examples=0, colocate=False, serves_policy=True, steps_per_rollout=1,
-        train_group=None, model=SimpleNamespace(load=None),
+        train_group=None, model=ModelSource("hf"),
         actor=SimpleNamespace(loss=SimpleNamespace(uses_old_log_probs=True, tis_cap=2.0, mis=None)),
         rollout=SimpleNamespace(eval_sets=["heldout"], eval_subset=EvalSubset(),
                                 rollout=SimpleNamespace(reward_key="score")),

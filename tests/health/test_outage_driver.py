@@ -17,6 +17,7 @@ import pytest
 
 from local_dense_retriever.launch import RetrievalServerProcess
 from slime_search.health.events import OUTAGE
+from slime_search.ray.train_group import ModelSource
 from slime_search.utils.server_process import ServerProcess
 from tests.health.outage_plugins import row_of
 
@@ -176,7 +177,7 @@ def run_config(run_dir: Path, mode: str, steps: int, health):
     return RunConfig(
         run_dir=str(run_dir), num_rollout=steps, save_interval=1, keep_checkpoints=0, save_hf=False, eval_interval=0,
         log_rollout_examples=0, colocate=False, serves_policy=True, steps_per_rollout=1, train_group=None,
-        model=SimpleNamespace(load=None), actor=SimpleNamespace(loss=SimpleNamespace(uses_old_log_probs=True,
+        model=ModelSource("hf"), actor=SimpleNamespace(loss=SimpleNamespace(uses_old_log_probs=True,
         tis_cap=2.0, mis=None)), rollout=SimpleNamespace(eval_sets=[], eval_subset=EvalSubset()), weight_sync=None,
         schedule=ScheduleConfig(mode), wandb=(False, "", None), health=health,
     )  # fmt: skip

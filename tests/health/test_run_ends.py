@@ -16,6 +16,7 @@ from slime_search.health.config import HealthConfig
 from slime_search.health.guard import BEFORE, Event, HealthGuard, RunStopped
 from slime_search.health.recovery import STOPPED, Recovery
 from slime_search.metrics import MetricsSink
+from slime_search.ray.train_group import ModelSource
 from slime_search.rollout.schedule import ScheduleConfig
 from slime_search.run_folder import RunFolder
 from slime_search.run_handles import RunHandles
@@ -154,7 +155,7 @@ def handles(tmp_path, guard, manager=None, ray=None, eval_sets=(), eval_sample=5
     rollout = SimpleNamespace(eval_sets=eval_sets, eval_subset=EvalSubset(size=eval_sample))
     config = SimpleNamespace(
         health=guard.config, save_hf=False, eval_timeout=eval_timeout, rollout=rollout,
-        schedule=ScheduleConfig(), model=SimpleNamespace(load=None),
+        schedule=ScheduleConfig(), model=ModelSource("hf"),
     )  # fmt: skip
     run = RunFolder(tmp_path / "run")
     h = RunHandles(config, run, MetricsSink(run.path), Group(ray, manager), guard, manager=manager)

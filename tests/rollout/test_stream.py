@@ -30,6 +30,7 @@ class ToyEngine:
         self.version = 0
         self.gates: dict[int, threading.Event] = {}
         self.all_right = False  # every sample answers right: groups without reward signal
+        self.at_gates: list[int] = []  # one entry per trajectory that generated its first tokens and waits
 
     def gate(self, question: int) -> threading.Event:
         return self.gates.setdefault(question, threading.Event())
@@ -47,6 +48,7 @@ async def toy_generate(args, sample, params):
     engine, question = args.engine, question_of(sample)
     sample.tokens = [1, 2]
     sample.append_response_tokens([3, 4], generated=True, log_probs=[-0.1, -0.2], versions=[engine.version] * 2)
+    engine.at_gates.append(question)
     while not engine.gate(question).is_set():
         await asyncio.sleep(0.002)
     right = engine.all_right or sample.index % args.n == 0
@@ -208,7 +210,8 @@ def test_a_version_change_mid_trajectory_shows_in_its_tokens_and_in_the_batch_st
     stream, _ = make_stream(engine, batch_size=2, n=2, staleness=1)
     stream.start()
     try:
-        wait_until(lambda: stream.counts()["async/groups_in_flight"] == 4)
+        # Admitted is not yet generating: the push waits until all 8 trajectories hold their version-0 tokens.
+        wait_until(lambda: len(engine.at_gates) == 8)
         engine.version = 1  # a push while every trajectory waits at its gate
         for question in range(8):
             engine.gate(question).set()

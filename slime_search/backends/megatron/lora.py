@@ -222,60 +222,6 @@ def full_adapters(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, torch
     return out
 
 
-def peft_adapter_state(adapters: dict[str, tuple[torch.Tensor, torch.Tensor]], shape) -> dict[str, torch.Tensor]:
-    """The adapters under PEFT's names for the HF model: a fused projection's A shared by the HF projections it fuses,
-    its B's rows split between them."""
-    from megatron_bridge.qwen import split_qkv
-
-    out = {}
-    for path, (a, b) in adapters.items():
-        layer, projection = path.split(".")[2], path.rsplit(".", 1)[-1]
-        if projection == "linear_qkv":
-            parts = dict(
-                zip(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), split_qkv(b, shape), strict=True)
-            )
-        elif projection == "linear_fc1":
-            parts = dict(zip(("mlp.gate_proj", "mlp.up_proj"), b.chunk(2, dim=0), strict=True))
-        else:
-            parts = {"self_attn.o_proj" if projection == "linear_proj" else "mlp.down_proj": b}
-        for name, part in parts.items():
-            prefix = f"base_model.model.model.layers.{layer}.{name}"
-            out[f"{prefix}.lora_A.weight"] = a.clone()
-            out[f"{prefix}.lora_B.weight"] = part.contiguous()
-    return out
-
-
-def peft_adapter_config(config: LoraConfig, base_model: str) -> dict:
-    """PEFT's adapter_config.json for adapters on the projections `config` names."""
-    from slime_search.config.lora import PROJECTIONS
-
-    return {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": base_model,
-        "r": config.lora_rank,
-        "lora_alpha": config.lora_alpha,
-        "lora_dropout": config.lora_dropout,
-        "target_modules": [name for projection in config.projections for name in PROJECTIONS[projection]],
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "inference_mode": True,
-    }
-
-
-def save_peft_adapter(
-    folder, adapters: dict[str, tuple[torch.Tensor, torch.Tensor]], shape, config: LoraConfig, base_model: str
-) -> None:
-    """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) that PEFT and SGLang load onto the HF
-    base model."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(peft_adapter_state(adapters, shape), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
-    (folder / "adapter_config.json").write_text(json.dumps(peft_adapter_config(config, base_model), indent=1))
-
-
 def lora_record(config: LoraConfig, hf_checkpoint: str, load: str | None) -> str:
     """A LoRA checkpoint's LORA_RECORD: the adapters' settings and where the frozen base's weights came from (local
     folders made absolute, so that the record holds from any working directory)."""
