@@ -7,8 +7,9 @@ Each case builds the Megatron model in processes of its own (one per TP rank, gl
 model, its real LoRA adapters, no memory for either. From the built model, per rank: the weights, the fp32 gradients
 and Adam's state of what trains (backends/megatron/memory.py; without the distributed optimizer); a checkpoint's bytes
 (backends/megatron/checkpoint_size.py: what trains once, its optimizer state per TP slice); and a push: the weights with
-the adapters folded in (what every transport sends today) or the adapters alone (what SGLang's LoRA loading would
-take). Activations are not counted.
+the adapters folded in (what --update-weight-transport sends) or the adapters alone under PEFT's names (what
+--lora-sync-from-tensor sends: a fused projection's A once for each HF projection it stands for). Activations are not
+counted.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ def _worker(rank: int, world: int, port: int, shape_name: str, lora_rank: int, b
     from megatron_bridge import ModelShape
     from slime_search.backends.megatron.checkpoint_size import rank_parameters
     from slime_search.backends.megatron.distributed import init_megatron, shutdown
-    from slime_search.backends.megatron.lora import apply_lora, is_adapter
+    from slime_search.backends.megatron.lora import apply_lora, is_adapter, lora_modules
     from slime_search.backends.megatron.memory import actor_memory
     from slime_search.backends.megatron.model import ModelOptions, build_gpt_model
-    from slime_search.config.lora import LoraConfig
+    from slime_search.config.lora import PROJECTIONS, LoraConfig
 
     init_megatron(rank, world, tp_size=world, master_port=port)
     from megatron.core import parallel_state
@@ -59,6 +60,11 @@ def _worker(rank: int, world: int, port: int, shape_name: str, lora_rank: int, b
     named = list(model.named_parameters())
     own_adapters = sum(p.numel() for n, p in named if is_adapter(n) and param_is_not_tensor_parallel_duplicate(p))
     own_base = sum(p.numel() for n, p in named if not is_adapter(n) and param_is_not_tensor_parallel_duplicate(p))
+    # a push names PEFT's projections: a fused projection's A goes once for each HF projection it stands for
+    shared_a_copies = sum(
+        (len(PROJECTIONS[path.rsplit(".", 1)[-1]]) - 1) * module.linear_in.weight.numel()
+        for path, module in lora_modules(model)
+    )
     record = {
         "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
         "memory": memory.__dict__,
@@ -66,6 +72,7 @@ def _worker(rank: int, world: int, port: int, shape_name: str, lora_rank: int, b
         "own": own,
         "own_adapters": own_adapters,
         "own_base": own_base,
+        "shared_a_copies": shared_a_copies,
         "param_bytes": next(model.parameters()).element_size(),
     }
     Path(f"{out}.{rank}.json").write_text(json.dumps(record))
@@ -86,6 +93,7 @@ def measure(shape_name: str, tp: int, lora_rank: int, bf16: bool) -> dict:
     layout = layout_of_ranks([(r["tp_rank"], r["trained"], r["own"]) for r in ranks], param_bytes)
     slices = {r["tp_rank"]: r for r in ranks}.values()  # one data-parallel replica
     adapters, base = sum(r["own_adapters"] for r in slices), sum(r["own_base"] for r in slices)
+    pushed_adapters = adapters + sum(r["shared_a_copies"] for r in slices)
     memory = ranks[0]["memory"]
     return {
         "rank_gib": sum(memory[k] for k in ("weight_bytes", "gradient_bytes", "optimizer_bytes")) / GIB,
@@ -95,9 +103,9 @@ def measure(shape_name: str, tp: int, lora_rank: int, bf16: bool) -> dict:
         "trained": memory["trainable"],
         "checkpoint_gb": checkpoint_bytes(layout) / 1e9,
         "optimizer_in_checkpoint_gb": layout.optimizer_bytes() / 1e9,
-        # a push carries the model without adapters (folded in), or the adapters alone
+        # a push carries the model without adapters (folded in), or the adapters alone under PEFT's names
         "push_merged_gb": base * param_bytes / 1e9,
-        "push_adapters_gb": adapters * param_bytes / 1e9,
+        "push_adapters_gb": pushed_adapters * param_bytes / 1e9,
     }
 
 

@@ -136,7 +136,7 @@ def check_flags(args: argparse.Namespace) -> None:
             "(--rollout-batch-size x --n-samples-per-prompt)"
         )
     check_layout(args, widths_from_flags(args))
-    check_lora(from_flags(LoraConfig, args), cluster)
+    check_lora(from_flags(LoraConfig, args), cluster, args)
     check_importance_weights(args, flags)
     if cluster.colocate:
         check_colocation(args)
@@ -149,7 +149,7 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ValueError("--async-mode applies to RL: in SFT the samples come from another engine, not the policy")
 
 
-def check_lora(lora: LoraConfig, cluster: ClusterConfig) -> None:
+def check_lora(lora: LoraConfig, cluster: ClusterConfig, args: argparse.Namespace) -> None:
     if not lora.enabled:
         return
     if lora.lora_rank % cluster.tensor_model_parallel_size:
@@ -163,6 +163,29 @@ def check_lora(lora: LoraConfig, cluster: ClusterConfig) -> None:
         from slime_search.backends.megatron.lora_peft import read_peft_adapters
 
         read_peft_adapters(lora.lora_adapter_path, lora)
+    if lora.lora_sync_from_tensor:
+        check_adapter_sync(cluster, args)
+
+
+def check_adapter_sync(cluster: ClusterConfig, args: argparse.Namespace) -> None:
+    """--lora-sync-from-tensor replaces the engines' adapter at each push: the engines must be SGLang's, and no request
+    may be in flight then."""
+    if not args.rollout_num_gpus and not args.engine_url:
+        raise ValueError(
+            "--lora-sync-from-tensor loads the adapters into SGLang's LoRA serving; the CPU engine server serves none "
+            "(use SGLang engines: --rollout-num-gpus, or --engine-url of engines started with --enable-lora)"
+        )
+    if cluster.colocate:
+        raise ValueError(
+            "--lora-sync-from-tensor with --colocate is not supported: colocated engines give their base weights up "
+            "while the actor trains, and only the adapters would come back (drop --lora-sync-from-tensor: each push "
+            "then carries the weights with the adapters folded in)"
+        )
+    if args.async_mode == "fully":
+        raise ValueError(
+            "--lora-sync-from-tensor with --async-mode fully is not supported: requests paused across a push name "
+            "the adapter the push replaces (use --async-mode one-step, which drains the rollout before a push)"
+        )
 
 
 def check_importance_weights(args: argparse.Namespace, flags: TypedFlags) -> None:

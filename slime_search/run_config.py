@@ -141,8 +141,9 @@ def actor_config(args: argparse.Namespace, vocab_size: int):
     )
 
 
-def engine_config(args: argparse.Namespace, use_gpu: bool, colocated_gpus: int = 0):
-    """`colocated_gpus`: the actor's GPUs, which colocated engines take (one engine GPU per actor GPU)."""
+def engine_config(args: argparse.Namespace, use_gpu: bool, colocated_gpus: int = 0, lora_args: tuple[str, ...] = ()):
+    """`colocated_gpus`: the actor's GPUs, which colocated engines take (one engine GPU per actor GPU); `lora_args`:
+    SGLang's LoRA serving flags (sglang_lora_args)."""
     from slime_search.config.engines import EngineConfig
 
     colocated = bool(colocated_gpus) and use_gpu
@@ -153,7 +154,19 @@ def engine_config(args: argparse.Namespace, use_gpu: bool, colocated_gpus: int =
         num_gpus=colocated_gpus if colocated else args.rollout_num_gpus,
         memory_saver=colocated,
         seed=args.seed,
+        lora_args=lora_args,
     )
+
+
+def sglang_lora_args(lora: LoraConfig) -> tuple[str, ...]:
+    """What SGLang engines need to serve the adapters alone (--lora-sync-from-tensor): LoRA on, up to the adapters'
+    rank, on their projections, one adapter at a time (each push replaces it)."""
+    if lora.served_adapter is None:
+        return ()
+    return (
+        "--enable-lora", "--max-lora-rank", str(lora.lora_rank), "--lora-target-modules", *lora.hf_target_modules,
+        "--max-loras-per-batch", "1",
+    )  # fmt: skip
 
 
 def sampling_params(args: argparse.Namespace, greedy: bool = False) -> dict[str, Any]:
@@ -165,6 +178,7 @@ def sampling_params(args: argparse.Namespace, greedy: bool = False) -> dict[str,
 
 def rollout_manager_config(args: argparse.Namespace, engines) -> RolloutManagerConfig:
     flags = typed_flags(args)
+    lora = from_flags(LoraConfig, args)
     return from_flags(
         RolloutManagerConfig,
         args,
@@ -176,6 +190,7 @@ def rollout_manager_config(args: argparse.Namespace, engines) -> RolloutManagerC
         eval_sets=flags.evaluation.sets,
         eval_subset=flags.eval_subset,
         log_dir=args.save,
+        served_adapter=lora.served_adapter,
     )
 
 
@@ -226,7 +241,9 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
 
     flags = typed_flags(args)
     checkpoints, cluster = flags.checkpoints, flags.cluster
-    engines = engine_config(args, use_gpu, colocated_gpus=cluster.actor_gpus if cluster.colocate else 0)
+    lora = from_flags(LoraConfig, args)
+    colocated_gpus = cluster.actor_gpus if cluster.colocate else 0
+    engines = engine_config(args, use_gpu, colocated_gpus, lora_args=sglang_lora_args(lora))
     return RunConfig(
         run_dir=checkpoints.save,
         num_rollout=flags.training.num_rollout,
@@ -254,6 +271,8 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
             hf_checkpoint=checkpoints.hf_checkpoint,
             disk_dir=str(Path(checkpoints.save) / "weights"),
             ranks_per_engine=engines.ranks_per_engine,
+            served_adapter=lora.served_adapter,
+            lora_rank=lora.lora_rank,
         ),
         schedule=flags.schedule,
         wandb=(flags.logs.use_wandb, flags.logs.wandb_project, flags.logs.wandb_group),

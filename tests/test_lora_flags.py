@@ -60,3 +60,55 @@ def test_lora_flags_that_cannot_work_are_usage_errors(flags, message, capsys):
     with pytest.raises(SystemExit) as stopped:
         parse_args([*BASE, *flags])
     assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_adapter_sync_reaches_the_engines_the_requests_and_the_transport():
+    """--lora-sync-from-tensor: the engines this project starts serve LoRA up to the rank on the adapters'
+    projections, every /generate names the served adapter, and the transport is the adapters' own."""
+    from slime_search.run_config import run_config
+
+    flags = [*BASE, "--rollout-num-gpus", "1", "--lora-rank", "8", "--target-modules", "q_proj,k_proj,v_proj"]
+    config = run_config(parse_args([*flags, "--lora-sync-from-tensor"]), vocab_size=100, use_gpu=False)
+    assert config.rollout.served_adapter == config.weight_sync.served_adapter == "policy"
+    assert config.weight_sync.lora_rank == 8
+    assert config.rollout.engines.lora_args == (
+        "--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj", "k_proj", "v_proj",
+        "--max-loras-per-batch", "1",
+    )  # fmt: skip
+    plain = run_config(parse_args(flags), vocab_size=100, use_gpu=False)  # each push: the folded weights
+    assert plain.rollout.served_adapter is plain.weight_sync.served_adapter is None
+    assert plain.rollout.engines.lora_args == ()
+
+
+def test_the_served_adapter_is_named_by_every_generate_of_the_engine_client():
+    from slime_search.engines.client import generate_payload
+
+    assert generate_payload({}, [1, 2], None, True, None, "policy")["lora_path"] == "policy"
+    assert "lora_path" not in generate_payload({}, [1, 2], None, True, None)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ([], "the CPU engine server serves none"),
+        (["--rollout-num-gpus", "2", "--actor-num-gpus-per-node", "2", "--colocate"], "with --colocate"),
+        (["--engine-url", "http://e:1", "--async-mode", "fully"], "with --async-mode fully"),
+    ],
+)
+def test_adapter_sync_where_it_cannot_work_is_a_usage_error(flags, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        parse_args([*BASE, "--lora-rank", "8", "--lora-sync-from-tensor", *flags])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args([*BASE, "--lora-sync-from-tensor", "--engine-url", "http://e:1"])
+    assert "needs --lora-rank" in capsys.readouterr().err
+
+
+def test_an_engine_that_serves_no_lora_or_too_small_a_rank_is_refused_at_connect():
+    from slime_search.weight_sync.lora_adapters import lora_serving_problem
+
+    assert "does not serve LoRA" in lora_serving_problem({"version": "0.5.23"}, 8)  # the CPU engine server's answer
+    assert "--max-lora-rank 4 is below --lora-rank 8" in lora_serving_problem(
+        {"enable_lora": True, "max_lora_rank": 4}, 8
+    )
+    assert lora_serving_problem({"enable_lora": True, "max_lora_rank": 8}, 8) is None

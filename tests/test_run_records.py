@@ -79,11 +79,18 @@ class RecordedPushes:
             ModelSource("hf", lora=LoraConfig(lora_rank=4, lora_adapter_path="adapter")),
             [("for_weight_push",), ("push", "0")],
         ),
+        (ModelSource("hf", lora=LoraConfig(lora_rank=4)), []),
+        (
+            ModelSource("hf", lora=LoraConfig(lora_rank=4, lora_sync_from_tensor=True)),
+            [("for_weight_push",), ("push", "0")],
+        ),
     ],
 )
-def test_a_fresh_start_off_the_hf_weights_pushes_the_actors_before_the_first_rollout(tmp_path, source, pushed):
-    """The engines start on the HF folder's weights; an actor that starts elsewhere (--load, or adapters from
-    --lora-adapter-path) must be pushed to them as version 0, else the first rollout samples another policy."""
+def test_a_fresh_start_pushes_version_0_when_the_engines_would_serve_another_policy(tmp_path, source, pushed):
+    """The engines start on the HF folder's weights. An actor that starts elsewhere (--load, or adapters from
+    --lora-adapter-path) must be pushed to them as version 0, else the first rollout samples another policy; so must
+    adapters the engines serve by name (--lora-sync-from-tensor), else the first rollout names an adapter no engine
+    holds."""
     both = RecordedPushes()
     h = RunHandles(
         SimpleNamespace(model=source, health=HealthConfig()), RunFolder(tmp_path), MetricsSink(tmp_path), None,

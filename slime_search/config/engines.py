@@ -42,6 +42,7 @@ class EngineConfig:
     )
     router_port: int = flag(0, "port of the SGLang router (0: a free one)", name="--sglang-router-port", type=port)
     memory_saver: bool = False  # colocated: SGLang's memory saver, so the engines can hand memory to the trainer
+    lora_args: tuple[str, ...] = ()  # SGLang's LoRA serving flags, under --lora-sync-from-tensor (run_config)
     cpu_engines: int = flag(1, "CPU engine servers on a machine without GPUs", type=positive_int)
     cpu_max_batch_size: int = flag(
         32, "CPU engine: sequences decoded together", name="--engine-max-batch-size", type=positive_int

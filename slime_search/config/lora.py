@@ -17,6 +17,11 @@ PROJECTIONS = {
 }
 
 
+# The one adapter name engines serve under --lora-sync-from-tensor: each push replaces the adapter of that name (no
+# request is in flight then: the rollout has drained), so a request names the same adapter all run long.
+SERVED_ADAPTER = "policy"
+
+
 def dropout_probability(text: str) -> float:
     import argparse
 
@@ -38,6 +43,12 @@ class LoraConfig:
         "gate/up go together (Megatron fuses them)",
     )
     exclude_modules: str | None = flag(None, "projections left without adapters, comma-separated (the same names)")
+    lora_sync_from_tensor: bool = flag(
+        False,
+        "push the adapters alone after each step, from tensors, into SGLang's LoRA (engines with --enable-lora; every "
+        "/generate names the adapter): megabytes instead of the whole model. Without it each push carries the weights "
+        "with the adapters folded in, by --update-weight-transport",
+    )
     lora_adapter_path: str | None = flag(
         None,
         "a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) the adapters start from instead of "
@@ -50,10 +61,23 @@ class LoraConfig:
             self.projections  # noqa: B018  (checks the names)
         elif self.lora_adapter_path:
             raise ValueError("--lora-adapter-path needs --lora-rank (the folder's r)")
+        elif self.lora_sync_from_tensor:
+            raise ValueError("--lora-sync-from-tensor needs --lora-rank: without LoRA there is no adapter to push")
 
     @property
     def enabled(self) -> bool:
         return self.lora_rank > 0
+
+    @property
+    def served_adapter(self) -> str | None:
+        """The name the engines serve the adapters under (every /generate names it), or None when each push carries
+        the folded weights."""
+        return SERVED_ADAPTER if self.lora_sync_from_tensor else None
+
+    @property
+    def hf_target_modules(self) -> list[str]:
+        """The HF (PEFT) projections that get adapters."""
+        return [name for projection in self.projections for name in PROJECTIONS[projection]]
 
     @property
     def scale(self) -> float:

@@ -112,3 +112,4 @@ class RolloutManagerConfig:
     eval_sets: tuple[tuple[str, str], ...] = ()  # (name, path) of every --eval-prompt-data set
     eval_subset: EvalSubset = field(default_factory=EvalSubset)  # which questions of each set are graded
     log_dir: str = "."  # where the engines' logs go
+    served_adapter: str | None = None  # --lora-sync-from-tensor: the adapter every /generate names (SGLang's lora_path)

@@ -72,6 +72,7 @@ class EngineClientConfig:
     max_connections: int = 1024
     generate_retries: int = 2  # re-sends of a /generate that met a transient fault (--engine-retries)
     backoff_s: float = 0.5  # before the first re-send; doubled each time
+    lora_path: str | None = None  # the adapter every /generate names (SGLang's field), under --lora-sync-from-tensor
 
 
 def generate_payload(
@@ -80,6 +81,7 @@ def generate_payload(
     text: str | None,
     return_logprob: bool,
     rid: str | None,
+    lora_path: str | None = None,
 ) -> dict[str, Any]:
     if (input_ids is None) == (text is None):
         raise ValueError("pass exactly one of input_ids or text")
@@ -87,6 +89,8 @@ def generate_payload(
     payload["input_ids" if input_ids is not None else "text"] = input_ids if input_ids is not None else text
     if rid is not None:
         payload["rid"] = rid
+    if lora_path is not None:
+        payload["lora_path"] = lora_path
     return payload
 
 
@@ -148,26 +152,27 @@ class EngineClient:
         rid: str | None = None,
     ) -> dict:
         """One generation, re-sent after a transient fault at most `generate_retries` times."""
-        payload = generate_payload(sampling_params, input_ids, text, return_logprob, rid)
+        payload = generate_payload(sampling_params, input_ids, text, return_logprob, rid, self.config.lora_path)
         return await self._request_with_retries("POST", "/generate", payload)
 
     async def generate_once(
         self, sampling_params: dict[str, Any], *, input_ids: list[int], return_logprob: bool = True
     ) -> dict:
         """One generation, one attempt (an EnginePool decides where a failed one goes next)."""
-        payload = generate_payload(sampling_params, input_ids, None, return_logprob, None)
+        payload = generate_payload(sampling_params, input_ids, None, return_logprob, None, self.config.lora_path)
         return await self._request("POST", "/generate", payload)
 
-    async def input_log_probs(self, token_ids: list[int]) -> list[float]:
+    async def input_log_probs(self, token_ids: list[int], lora_path: str | None = None) -> list[float]:
         """The engine's log-probs of token_ids[1:], each given the tokens before it: one prefill, teacher-forced, no
         token generated (SGLang's input_token_logprobs from logprob_start_len 0, whose first entry has none). They are
         of the model's own distribution, temperature 1: SGLang 0.5.23 divides by a request's temperature only for
-        the tokens it samples."""
+        the tokens it samples. `lora_path`: the adapter the policy is served as, if any."""
         payload = {
             "input_ids": list(token_ids),
             "sampling_params": {"max_new_tokens": 0},
             "return_logprob": True,
             "logprob_start_len": 0,
+            **({"lora_path": lora_path} if lora_path is not None else {}),
         }
         entries = (await self._request("POST", "/generate", payload))["meta_info"]["input_token_logprobs"]
         if [token for _, token, _ in entries] != list(token_ids):

@@ -153,7 +153,7 @@ def start_sglang_engines(config: EngineConfig, gpu_ids: list[str] | None) -> Eng
         config.gpus_per_engine,
         first_port=free_port(),
         mem_fraction_static=config.mem_fraction_static,
-        extra_args=sglang_launch.MEMORY_SAVER_ARGS if config.memory_saver else (),
+        extra_args=(*(sglang_launch.MEMORY_SAVER_ARGS if config.memory_saver else ()), *config.lora_args),
         seed=config.seed,
     )
     env, unset_env = sglang_environment(config, gpu_ids)

@@ -34,6 +34,7 @@ class PoolConfig:
     retries: int = 2  # attempts after the first, on this engine or another (--engine-retries)
     backoff_s: float = 0.5  # before re-sending to the same engine; doubled each time
     retry_down_after_s: float = 30.0  # an engine marked down is tried again after this long
+    lora_path: str | None = None  # the adapter every /generate names (SGLang's field), under --lora-sync-from-tensor
 
 
 class EnginePool:
@@ -44,7 +45,7 @@ class EnginePool:
             raise ValueError("an engine pool needs at least one engine address")
         self.config = config
         self.urls = list(dict.fromkeys(urls))
-        base = EngineClientConfig("", timeout_s=config.timeout_s, generate_retries=0)
+        base = EngineClientConfig("", timeout_s=config.timeout_s, generate_retries=0, lora_path=config.lora_path)
         self.clients = {url: EngineClient(replace(base, base_url=url)) for url in self.urls}
         self.in_flight = dict.fromkeys(self.urls, 0)
         self.down: dict[str, tuple[str, float]] = {}  # engine -> why it was marked down, and when

@@ -162,7 +162,7 @@ class Recovery:
             dropped = h.sink.drop_from(0) + h.run.drop_examples_from(0) + h.run.drop_events_from(0, h.guard.rollbacks)
             if dropped:
                 logger.info("no checkpoint in %s: dropped %d records of an earlier attempt", h.run.path, dropped)
-            if h.config.model.starts_off_hf and h.transport is not None:  # the engines started from the HF weights
+            if h.config.model.needs_first_push and h.transport is not None:
                 h.colocation.for_weight_push()
                 h.transport.push("0")
             return 0

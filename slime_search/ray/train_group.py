@@ -45,10 +45,11 @@ class ModelSource:
     lora: LoraConfig = field(default_factory=LoraConfig)  # adapters on the actor, its base frozen (--lora-rank)
 
     @property
-    def starts_off_hf(self) -> bool:
-        """Whether the actor's initial weights differ from the HF folder's, which the engines start on: the engines
-        then need the actor's weights before the first rollout."""
-        return self.load is not None or self.lora.lora_adapter_path is not None
+    def needs_first_push(self) -> bool:
+        """Whether the engines need a push before the first rollout: they start on the HF folder's weights, and the
+        actor starts elsewhere (--load, --lora-adapter-path), or the engines serve the policy as an adapter that only a
+        push loads (--lora-sync-from-tensor)."""
+        return self.load is not None or self.lora.lora_adapter_path is not None or self.lora.lora_sync_from_tensor
 
 
 def create_placement_group(config: TrainGroupConfig):

@@ -40,11 +40,13 @@ class RolloutBatch:
     errors: dict[str, str] = field(default_factory=dict)  # failure cause -> its first message (finish_reason: text)
 
 
-def plugin_args_for(args: Any, engines) -> argparse.Namespace:
+def plugin_args_for(args: Any, engines, served_adapter: str | None = None) -> argparse.Namespace:
     """What the plugins receive as `args`: the parsed flags, one address for /generate (`engine_url`: the router in
     front of several engines, or the one engine; also as slime's `sglang_router_ip` and `sglang_router_port`, which
-    slime's plugins read) and every engine's own (`engine_urls`, for a plugin that spreads its trajectories over
-    them); a new namespace: the parsed flags themselves are never changed."""
+    slime's plugins read), every engine's own (`engine_urls`, for a plugin that spreads its trajectories over
+    them) and the adapter the engines serve the policy as (`lora_path`, SGLang's /generate field; None when they
+    serve it as plain weights), which every /generate must name; a new namespace: the parsed flags themselves are
+    never changed."""
     from urllib.parse import urlsplit
 
     address = urlsplit(engines.url)
@@ -55,6 +57,7 @@ def plugin_args_for(args: Any, engines) -> argparse.Namespace:
             "engine_urls": list(engines.worker_urls),
             "sglang_router_ip": address.hostname,
             "sglang_router_port": address.port,
+            "lora_path": served_adapter,
         }
     )
 
@@ -151,7 +154,7 @@ class RolloutManager:
         self.config = config
         self.sampling_params = dict(config.sampling_params)  # of the current attempt (set_sampling_attempt)
         self.engines = start_engines(config.engines, Path(config.log_dir), gpu_ids)
-        self.plugin_args = plugin_args_for(plugin_args, self.engines)
+        self.plugin_args = plugin_args_for(plugin_args, self.engines, config.served_adapter)
         self.plugins = Plugins.load(config.generate_path, config.reward_path)
         self.source = DataSource(config.data)
         self.clock = ActivityClock()  # when no trajectory is being generated: the engines are idle
@@ -317,7 +320,10 @@ class RolloutManager:
         from slime_search.engines.client import call_engine, on_every_engine
 
         urls = list(self.engines.worker_urls)
-        answers = asyncio.run(on_every_engine(urls, lambda url: call_engine(url, "input_log_probs", token_ids)))
+        adapter = self.config.served_adapter
+        answers = asyncio.run(
+            on_every_engine(urls, lambda url: call_engine(url, "input_log_probs", token_ids, lora_path=adapter))
+        )
         return dict(zip(urls, answers, strict=True))
 
     def wait_restarted_engines(self) -> list[str]:

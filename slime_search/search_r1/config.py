@@ -34,6 +34,7 @@ def add_search_r1_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
 class SearchR1Config:
     engine_urls: tuple[str, ...]  # every engine (the trajectories spread over them) or one address (a router)
     tokenizer_path: str
+    lora_path: str | None = None  # the adapter the engines serve the policy as (the manager's `lora_path`), if any
     search_backend: str = flag(
         "local",
         "local: --search-url; serper: web search",
@@ -229,17 +230,23 @@ class SearchR1Config:
     @classmethod
     def from_args(cls, args: Any) -> SearchR1Config:
         """The engines are the manager's `engine_urls` (every engine), else its `engine_url` (or slime's router
-        address); the tokenizer is the HF checkpoint's; every other field is the flag of the same name."""
+        address), and the adapter they serve is its `lora_path`; the tokenizer is the HF checkpoint's; every other
+        field is the flag of the same name."""
         tokenizer_path = getattr(args, "hf_checkpoint", None) or getattr(args, "tokenizer_path", None)
         if not tokenizer_path:
             raise ValueError("no tokenizer: set --hf-checkpoint (an HF folder with the tokenizer)")
-        names = [f.name for f in fields(cls) if f.name not in ("engine_urls", "tokenizer_path")]
+        names = [f.name for f in fields(cls) if f.name not in ("engine_urls", "tokenizer_path", "lora_path")]
         settings = flags_from(args, names)
         if not settings["serper_ledger"] and getattr(args, "save", None):
             from slime_search.search_r1.serper_budget import LEDGER_NAME
 
             settings["serper_ledger"] = str(Path(args.save) / LEDGER_NAME)  # one budget for the run, kept on resume
-        return cls(engine_urls=engine_addresses(args), tokenizer_path=str(tokenizer_path), **settings)
+        return cls(
+            engine_urls=engine_addresses(args),
+            tokenizer_path=str(tokenizer_path),
+            lora_path=getattr(args, "lora_path", None),
+            **settings,
+        )
 
 
 @dataclass(frozen=True)

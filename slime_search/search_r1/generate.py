@@ -181,7 +181,8 @@ class _Resources:
             search = SerperClient(serper, budget=config.serper_budget())
         return cls(
             EnginePool(
-                list(config.engine_urls), PoolConfig(timeout_s=config.engine_timeout, retries=config.engine_retries)
+                list(config.engine_urls),
+                PoolConfig(timeout_s=config.engine_timeout, retries=config.engine_retries, lora_path=config.lora_path),
             ),
             search,
             asyncio.Semaphore(config.search_concurrency),

@@ -22,8 +22,8 @@ def release_ipc_memory() -> None:
 
 
 class WeightSyncRank:
-    """Needs `rank` (global rank), `actor` (MegatronActor), `shape` (ModelShape) and `lora` (LoraConfig) from the
-    class it is mixed into."""
+    """Needs `rank` (global rank), `actor` (MegatronActor), `shape` (ModelShape), `lora` (LoraConfig) and `base`
+    (where the frozen base came from) from the class it is mixed into."""
 
     broadcaster = None  # rank 0's WeightBroadcaster while connected
     _handle_buckets = None  # the tensor-handle stream of the push in progress
@@ -107,6 +107,26 @@ class WeightSyncRank:
         if self.broadcaster is not None:
             self.broadcaster.close()
             self.broadcaster = None
+
+    # ---- the adapters alone (--lora-sync-from-tensor) --------------------------------------------------------------
+    def adapter_payload(self) -> tuple[str, dict, int] | None:
+        """Collective over the tensor-parallel group: rank 0's adapters under PEFT's names, in host shared memory
+        (kept alive until finish_adapter_payload), as one serialized entry, with their adapter_config.json and their
+        bytes; None on the other ranks. Host memory reaches an engine on any GPU of this node."""
+        from slime_search.backends.megatron.lora import full_adapters
+        from slime_search.backends.megatron.lora_peft import peft_adapter_config, peft_adapter_state
+        from slime_search.engines.weight_wire import serialize_named_tensors
+
+        adapters = full_adapters(self.actor.model.module)
+        if self.rank != 0:
+            return None
+        state = {name: t.to("cpu", copy=True) for name, t in peft_adapter_state(adapters, self.shape).items()}
+        self._sent = state
+        config = peft_adapter_config(self.lora, self.base.get("hf_checkpoint") or "")
+        return serialize_named_tensors(state), config, sum(t.numel() * t.element_size() for t in state.values())
+
+    def finish_adapter_payload(self) -> None:
+        self._sent = None
 
     # ---- tensor handles -------------------------------------------------------------------------------------------
     def prepare_weight_handles(self, bucket_bytes: int, serving_ranks: int) -> None:

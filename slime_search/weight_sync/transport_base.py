@@ -22,6 +22,8 @@ class WeightSyncConfig:
     hf_checkpoint: str = ""  # the original HF folder: config and tokenizer of a checkpoint written to disk
     disk_dir: str = ""  # where the disk transport writes its copies (only the newest is kept)
     ranks_per_engine: int = 1  # process-group ranks (GPUs) of one engine
+    served_adapter: str | None = None  # --lora-sync-from-tensor: the adapters alone, served under this name
+    lora_rank: int = 0  # the adapters' rank (an engine must serve at least this --max-lora-rank)
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORT_NAMES:

@@ -9,6 +9,8 @@ half is `slime_search.weight_sync.rank`) and the engines' own addresses, and is 
   (CUDA IPC on GPU, shared memory on CPU);
 * disk (`disk.py`): works everywhere. Rank 0 writes an HF checkpoint, and every engine loads it.
 
+Under --lora-sync-from-tensor the adapters alone go to SGLang's LoRA (`lora_adapters.py`), whatever transport is named.
+
 The nccl and tensor transports stream: the tensor-parallel shards are gathered and renamed one unit (embedding,
 decoder layer, head) at a time into buckets (`gather.iter_hf_buckets`), so a push never holds a second copy of the
 whole model on the trainer's device. After a push every engine must report the new version, so a rollout never
@@ -80,4 +82,10 @@ def default_transport(colocate: bool, engines_on_gpus: bool) -> str:
 
 
 def create_transport(config: WeightSyncConfig, group, engine_urls: list[str]) -> WeightTransport:
+    """The transport the flags chose; under --lora-sync-from-tensor the adapters' own (`lora_adapters.py`), whatever
+    --update-weight-transport says: only the adapters move."""
+    if config.served_adapter is not None:
+        from slime_search.weight_sync.lora_adapters import AdapterTransport
+
+        return AdapterTransport(config, group, engine_urls)
     return transport_kind(config.transport).load()(config, group, engine_urls)

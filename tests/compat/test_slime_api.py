@@ -167,6 +167,24 @@ def test_post_retries_every_failure_then_answers_or_raises_the_last(slime_api, f
     assert run_and_close(http_utils, http_utils.get(f"{flaky_server.url}/health"))["ok"] is True
 
 
+def test_post_names_the_served_adapter_in_every_generate_that_names_none(slime_api, flaky_server):
+    """Under --lora-sync-from-tensor the engines serve the policy as an adapter (the plugins' `args.lora_path`), and a
+    slime plugin builds its /generate payload itself: post adds the adapter's name, so no request reaches the base."""
+    http_utils = slime_api.http_utils
+    url = f"{flaky_server.url}/generate"
+    try:
+        http_utils.init_http_client(Namespace(lora_path="policy", rollout_num_engines=1))
+        payload = {"input_ids": [0, 0]}
+        assert run_and_close(http_utils, http_utils.post(url, payload))["meta_info"]["lora_path"] == "policy"
+        assert payload == {"input_ids": [0, 0]}  # the plugin's own dict is left as it was
+        named = {"input_ids": [0, 0], "lora_path": "other"}
+        assert run_and_close(http_utils, http_utils.post(url, named))["meta_info"]["lora_path"] == "other"
+        assert http_utils.with_adapter(f"{flaky_server.url}/retrieve", {"queries": ["q"]}) == {"queries": ["q"]}
+    finally:
+        http_utils.init_http_client(Namespace(rollout_num_engines=1))
+    assert run_and_close(http_utils, http_utils.post(url, {"input_ids": [0, 0]}))["meta_info"]["lora_path"] is None
+
+
 def slime_flag_args(checkpoint, **overrides) -> Namespace:
     from slime_search.compat.boundary import SLIME_DEFAULTS
 

@@ -1,7 +1,9 @@
 """The PEFT adapter folder this project writes (`save_peft_adapter`: --save-hf's `adapter/`, and
 tools/convert_lora_to_hf.py) served by the pinned SGLang on CPU: loaded through /load_lora_adapter, and the same
 adapters as tensors in shared memory through /load_lora_adapter_from_tensors (`weight_wire.serialize_named_tensors`),
-each asked for by name and answering the log-probs PEFT computes on the HF model with the same adapters."""
+each asked for by name and answering the log-probs PEFT computes on the HF model with the same adapters. Then
+train.py against the same engine with --lora-sync-from-tensor: each push carries the adapters alone, and every
+request of the next rollout is answered with them."""
 
 import json
 
@@ -62,11 +64,21 @@ def hf_log_probs(model, ids: list[int]) -> list[float]:
     return logits[0, :-1].gather(-1, tokens[0, 1:, None])[:, 0].tolist()
 
 
-def test_sglang_serves_the_peft_folder_as_peft_does(tiny_checkpoint, tmp_path):
+@pytest.fixture(scope="module")
+def lora_engine(tiny_checkpoint, tmp_path_factory):
+    """The pinned SGLang on CPU serving the tiny policy, with LoRA adapters up to rank RANK on every projection."""
+    from tests import sglang_cpu
+    from tests.conftest import SGLangEngine
+
+    log = tmp_path_factory.mktemp("lora_engine") / "engine.log"
+    process = sglang_cpu.start_engine(tiny_checkpoint, free_port(), log_path=log, lora_rank=RANK)
+    yield SGLangEngine(process, tiny_checkpoint)
+    process.stop()
+
+
+def test_sglang_serves_the_peft_folder_as_peft_does(lora_engine, tiny_checkpoint, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-
-    from tests import sglang_cpu
 
     base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
     shape = ModelShape.from_hf_config(base.config)
@@ -78,25 +90,43 @@ def test_sglang_serves_the_peft_folder_as_peft_does(tiny_checkpoint, tmp_path):
     expected = hf_log_probs(PeftModel.from_pretrained(base, folder).eval(), ids)
     assert max(abs(a - b) for a, b in zip(expected, expected_base, strict=True)) > 0.1  # the adapters matter
 
-    port = free_port()
-    engine = sglang_cpu.start_engine(tiny_checkpoint, port, log_path=tmp_path / "engine.log", lora_rank=RANK)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        loaded = requests.post(f"{url}/load_lora_adapter", json={"lora_name": "policy", "lora_path": str(folder)})
-        assert loaded.ok and loaded.json()["success"], loaded.text[:500]
-        tensors = load_file(folder / "adapter_model.safetensors")  # alive until the engine has answered
-        pushed = requests.post(
-            f"{url}/load_lora_adapter_from_tensors",
-            json={
-                "lora_name": "pushed",
-                "config_dict": json.loads((folder / "adapter_config.json").read_text()),
-                "serialized_named_tensors": [serialize_named_tensors(tensors)],  # one entry per engine TP rank
-            },
-        )
-        assert pushed.ok and pushed.json()["success"], pushed.text[:500]
-        answers = {name: input_log_probs(url, ids, name) for name in ("policy", "pushed", None)}
-    finally:
-        engine.stop()
-    for name in ("policy", "pushed"):
+    url = lora_engine.url
+    loaded = requests.post(f"{url}/load_lora_adapter", json={"lora_name": "from-folder", "lora_path": str(folder)})
+    assert loaded.ok and loaded.json()["success"], loaded.text[:500]
+    tensors = load_file(folder / "adapter_model.safetensors")  # alive until the engine has answered
+    pushed = requests.post(
+        f"{url}/load_lora_adapter_from_tensors",
+        json={
+            "lora_name": "from-tensors",
+            "config_dict": json.loads((folder / "adapter_config.json").read_text()),
+            "serialized_named_tensors": [serialize_named_tensors(tensors)],  # one entry per engine TP rank
+        },
+    )
+    assert pushed.ok and pushed.json()["success"], pushed.text[:500]
+    answers = {name: input_log_probs(url, ids, name) for name in ("from-folder", "from-tensors", None)}
+    for name in ("from-folder", "from-tensors"):
         assert max(abs(a - b) for a, b in zip(answers[name], expected, strict=True)) < 1e-4, name
     assert max(abs(a - b) for a, b in zip(answers[None], expected_base, strict=True)) < 1e-4
+
+
+def test_grpo_pushes_the_adapters_alone_and_sglang_answers_every_request_with_them(
+    lora_engine, tiny_checkpoint, tmp_path
+):
+    """--lora-sync-from-tensor: after each step actor rank 0 hands SGLang the adapters (PEFT names, shared memory),
+    which replace the served adapter, and the version SGLang reports is the step's. Step 1's rollout was sampled by
+    SGLang with the adapters pushed after step 0: the trainer gives its tokens the same log-probs, although the policy
+    has moved from the base (KL > 0). A request that named no adapter would be answered by the base model."""
+    from tests.e2e.test_train_sglang import train_against
+
+    train = train_against(
+        lora_engine, tiny_checkpoint, tmp_path,
+        "--num-rollout", "2", "--rollout-max-response-len", "8", "--max-response-tokens", "24",
+        "--use-kl-loss", "--kl-loss-coef", "0.001", "--entropy-coef", "0.01",
+        "--lora-rank", str(RANK), "--lora-alpha", "16", "--lora-sync-from-tensor",
+    )  # fmt: skip
+    assert [r["weight_version"] for r in train] == [1, 2]  # what SGLang's /model_info reported after each push
+    assert [r["rollout/weight_version"] for r in train] == [0, 1]
+    diffs, kls = [r["train/train_rollout_logprob_abs_diff"] for r in train], [r["train/kl_loss"] for r in train]
+    assert max(diffs) < 1e-3 and kls[1] > 100 * max(diffs), (diffs, kls)
+    served = requests.get(f"{lora_engine.url}/model_info", timeout=30).json()
+    assert served["weight_version"] == "2"

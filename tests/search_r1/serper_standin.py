@@ -87,13 +87,15 @@ def build_app(api_key: str, latency_s: float = 0.0):
     async def generate(request: Request):
         """An engine that fails on cue: input_ids [STATUS, N] answers STATUS to the first N calls, then a one-token
         generation (N = 0: always STATUS; STATUS 0: never)."""
-        ids = (await request.json())["input_ids"]
+        body = await request.json()
+        ids = body["input_ids"]
         key = ",".join(map(str, ids))
         generate_calls[key] = generate_calls.get(key, 0) + 1
         status, times = ids[0], ids[1]
         if status and (times == 0 or generate_calls[key] <= times):
             return JSONResponse({"error": {"message": f"failing on cue ({status})"}}, status_code=status)
         meta = {"finish_reason": {"type": "length", "length": 1}, "output_token_logprobs": [[-0.5, 7, None]]}
+        meta["lora_path"] = body.get("lora_path")  # the adapter the request named (SGLang's field), for the tests
         return {"text": "x", "output_ids": [7], "meta_info": meta}
 
     @app.get("/generate_calls")

@@ -6,9 +6,10 @@ to `max_retries` attempts in all, after which the last error is raised. No timeo
 
 Clients here are aiohttp sessions (the project's HTTP client library), one per event loop: this project runs each
 rollout in an event loop of its own, and a connection pool cannot outlive its loop. `init_http_client(args)` sets the
-connection limit slime gives its client (--sglang-server-concurrency x engines); `close_http_client()` (this layer's
-own) closes the running loop's session at the end of a rollout. slime's Ray-distributed POST
-(--use-distributed-post) is not provided.
+connection limit slime gives its client (--sglang-server-concurrency x engines) and, when the engines serve the policy
+as a LoRA adapter (--lora-sync-from-tensor: `args.lora_path`), the adapter that `post` names in every /generate that
+names none (slime's plugins build their payloads themselves); `close_http_client()` (this layer's own) closes the
+running loop's session at the end of a rollout. slime's Ray-distributed POST (--use-distributed-post) is not provided.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ RETRY_DELAY_S = 1.0  # slime waits a second between attempts
 DEFAULT_SERVER_CONCURRENCY = 512  # slime's --sglang-server-concurrency default
 
 _connection_limit = 0  # aiohttp: 0 is no limit; init_http_client sets slime's
+_lora_path: str | None = None  # the adapter the engines serve the policy as; init_http_client sets it
 _sessions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its aiohttp session
 
 
@@ -46,8 +48,10 @@ def get_rollout_num_engines(args) -> int:
 
 
 def init_http_client(args) -> None:
-    """slime's connection limit for `post`: --sglang-server-concurrency per engine."""
-    global _connection_limit
+    """slime's connection limit for `post`: --sglang-server-concurrency per engine; and the adapter every /generate
+    names (`args.lora_path`, None when the engines serve plain weights)."""
+    global _connection_limit, _lora_path
+    _lora_path = getattr(args, "lora_path", None)
     engines = get_rollout_num_engines(args)
     if engines > 0:
         concurrency = getattr(args, "sglang_server_concurrency", None) or DEFAULT_SERVER_CONCURRENCY
@@ -91,9 +95,21 @@ async def _post_once(url: str, payload: dict | None, headers: dict | None) -> An
     return _decode(content)
 
 
+def with_adapter(url: str, payload: dict | None) -> dict | None:
+    """A /generate payload naming the served adapter when it names none (a new dict: the caller's is not changed)."""
+    from urllib.parse import urlsplit
+
+    if _lora_path is None or not isinstance(payload, dict) or "lora_path" in payload:
+        return payload
+    if urlsplit(url).path.rstrip("/").endswith("/generate"):
+        return {**payload, "lora_path": _lora_path}
+    return payload
+
+
 async def post(url: str, payload: dict | None, max_retries: int = 60, headers: dict | None = None) -> Any:
     if max_retries < 1:
         raise ValueError(f"max_retries must be >= 1, got {max_retries}")
+    payload = with_adapter(url, payload)
     for attempt in range(1, max_retries + 1):
         try:
             return await _post_once(url, payload, headers)
