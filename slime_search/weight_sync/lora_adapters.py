@@ -32,6 +32,28 @@ def lora_serving_problem(info: dict, lora_rank: int) -> str | None:
     return None
 
 
+async def replace_adapter(
+    url: str, name: str, entries: list[str], adapter_config: dict, version: str, holds_it: bool
+) -> None:
+    """The engine's adapter `name` replaced by the one in `entries` (one serialized entry per engine TP rank), and
+    `version` the weight version it reports. `holds_it`: the engine is known to hold an adapter of that name; one
+    not known to (an engine started anew) may hold none, and its refused unload is passed over."""
+    from slime_search.engines.client import EngineError, call_engine, check_success
+
+    try:
+        check_success(
+            url, "unload_lora_adapter", await call_engine(url, "post", "/unload_lora_adapter", {"lora_name": name})
+        )
+    except EngineError:
+        if holds_it:
+            raise
+    payload = {"lora_name": name, "config_dict": adapter_config, "serialized_named_tensors": entries}
+    answer = await call_engine(url, "post", "/load_lora_adapter_from_tensors", payload)
+    check_success(url, "load_lora_adapter_from_tensors", answer)
+    update = {"new_version": version, "abort_all_requests": False}
+    check_success(url, "update_weight_version", await call_engine(url, "post", "/update_weight_version", update))
+
+
 class AdapterTransport(WeightTransport):
     def connect(self) -> None:
         """Every engine must serve LoRA adapters of this rank; the first push loads the adapter (nothing to unload)."""
@@ -56,30 +78,17 @@ class AdapterTransport(WeightTransport):
         answers = self.group.on_all_ranks("adapter_payload")
         try:
             entry, adapter_config, size = answers[0]
-            asyncio.run(on_every_engine(self.engine_urls, lambda url: self._load(url, entry, adapter_config, version)))
+            entries = [entry] * self.config.ranks_per_engine  # each engine TP rank reads its own copy
+            name = self.config.served_adapter
+
+            async def load(url: str) -> None:
+                held = url in self.loaded
+                self.loaded.discard(url)  # until its new adapter is in: a failed load leaves it holding none
+                await replace_adapter(url, name, entries, adapter_config, version, held)
+                self.loaded.add(url)
+
+            asyncio.run(on_every_engine(self.engine_urls, load))
         finally:
             self.group.on_all_ranks("finish_adapter_payload")
         logger.debug("pushed %d bytes of adapters as version %s", size, version)
         return check_served(asyncio.run(served_versions(self.engine_urls)), version)
-
-    async def _load(self, url: str, entry: str, adapter_config: dict, version: str) -> None:
-        from slime_search.engines.client import EngineError, call_engine, check_success
-
-        name = self.config.served_adapter
-        try:
-            answer = await call_engine(url, "post", "/unload_lora_adapter", {"lora_name": name})
-            check_success(url, "unload_lora_adapter", answer)
-        except EngineError:
-            if url in self.loaded:  # it held the adapter: the engine failed
-                raise
-        self.loaded.discard(url)
-        payload = {
-            "lora_name": name,
-            "config_dict": adapter_config,
-            "serialized_named_tensors": [entry] * self.config.ranks_per_engine,  # each engine TP rank reads its own
-        }
-        answer = await call_engine(url, "post", "/load_lora_adapter_from_tensors", payload)
-        check_success(url, "load_lora_adapter_from_tensors", answer)
-        self.loaded.add(url)
-        update = {"new_version": version, "abort_all_requests": False}
-        check_success(url, "update_weight_version", await call_engine(url, "post", "/update_weight_version", update))

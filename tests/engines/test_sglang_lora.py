@@ -130,3 +130,19 @@ def test_grpo_pushes_the_adapters_alone_and_sglang_answers_every_request_with_th
     assert max(diffs) < 1e-3 and kls[1] > 100 * max(diffs), (diffs, kls)
     served = requests.get(f"{lora_engine.url}/model_info", timeout=30).json()
     assert served["weight_version"] == "2"
+
+
+def test_the_lora_push_benchmark_times_both_ways_at_its_smallest_size(lora_engine, tiny_checkpoint, capsys):
+    """benchmarks/lora_push.py against the same engine, one push each way: the folded weights (the engine's own, so
+    it serves as before) and rank-8 adapters, each acknowledged by the version the engine then reports."""
+    from benchmarks.lora_push import main
+
+    lora_engine.reset()
+    assert (
+        main(["--engine-url", lora_engine.url, "--model", str(tiny_checkpoint), "--rank", str(RANK), "--repeats", "1"])
+        == 0
+    )
+    figures = json.loads(capsys.readouterr().out.splitlines()[-1])
+    folded, adapters = figures["folded weights (tensor)"], figures[f"adapters alone, rank {RANK}"]
+    assert 0 < adapters["bytes"] < 0.01 * folded["bytes"] and folded["median_s"] > 0 and adapters["median_s"] > 0
+    lora_engine.reset()
