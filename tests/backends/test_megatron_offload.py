@@ -33,12 +33,13 @@ def test_views_survive_the_round_trip_and_memory_is_really_released():
     assert base.tolist() == [float(i + 1) for i in range(12)] and other.tolist() == [1.0, 1.0, 1.0]
 
 
-def _worker(rank, world, port, checkpoint, out_path):
+def _worker(rank, world, port, checkpoint, out_path, lora_rank=0):
     from transformers import AutoModelForCausalLM
 
     from megatron_bridge import ModelShape
     from slime_search.backends.megatron.actor import ActorConfig, MegatronActor, ReferenceModel
     from slime_search.backends.megatron.distributed import init_megatron, shutdown
+    from slime_search.backends.megatron.lora import LoraConfig, apply_lora
     from slime_search.backends.megatron.loss import LossConfig
     from slime_search.backends.megatron.model import ModelOptions, build_gpt_model, load_hf_weights
     from slime_search.backends.megatron.optimizer import OptimConfig
@@ -52,12 +53,16 @@ def _worker(rank, world, port, checkpoint, out_path):
         max_tokens_per_micro_batch=24,
     )
 
-    def new_model():
+    def new_model(lora: int = 0):
         model = build_gpt_model(shape, options)
         load_hf_weights(model, hf.state_dict(), shape, options)
+        apply_lora(model, LoraConfig(lora_rank=lora))  # nothing when 0
         return model
 
-    plain, colocated = MegatronActor(new_model(), config), MegatronActor(new_model(), config)
+    plain, colocated = MegatronActor(new_model(lora_rank), config), MegatronActor(new_model(lora_rank), config)
+    with torch.no_grad():  # the same start: each build draws its adapters' A at random
+        for ours, theirs in zip(colocated.model.module.parameters(), plain.model.module.parameters(), strict=True):
+            ours.copy_(theirs)
     samples = fixed_batch()
     for sample, lp in zip(samples, plain.compute_log_probs(samples), strict=True):
         sample.old_log_probs = lp
@@ -100,18 +105,23 @@ def _worker(rank, world, port, checkpoint, out_path):
     shutdown()
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_training_with_offload_between_steps_equals_training_without(tiny_checkpoint, tmp_path, tp):
+@pytest.mark.parametrize(("tp", "lora_rank"), [(1, 0), (2, 0), (2, 4)])
+def test_training_with_offload_between_steps_equals_training_without(tiny_checkpoint, tmp_path, tp, lora_rank):
+    """Full fine-tuning, and LoRA at TP 2: under LoRA only what exists is handed over, the frozen weights and the
+    adapters' own gradients and Adam state."""
     out = tmp_path / "offload.json"
-    mp.spawn(_worker, args=(tp, free_port(), str(tiny_checkpoint), str(out)), nprocs=tp, join=True)
+    mp.spawn(_worker, args=(tp, free_port(), str(tiny_checkpoint), str(out), lora_rank), nprocs=tp, join=True)
     result = json.loads(out.read_text())
     assert result["colocated"] == result["plain"]  # every metric of every step, exactly
     assert result["same_weights"] and result["reference_same"]
     sizes, emptied = result["released"][0::2], result["released"][1::2]
     assert all(emptied)
-    # weights + the DDP gradient buffer + Adam's two moments: 4x the (local) weights are handed over
-    assert min(sizes) >= 4 * result["param_bytes"]
+    if lora_rank:  # the weights, and the adapters' gradient buffer and Adam moments: a sliver more than the weights
+        assert result["param_bytes"] < min(sizes) <= max(sizes) < 1.05 * result["param_bytes"]
+        assert 0 < result["grad_bytes"] < 0.02 * result["param_bytes"]
+    else:  # weights + the DDP gradient buffer + Adam's two moments: 4x the (local) weights are handed over
+        assert min(sizes) >= 4 * result["param_bytes"]
     # the gradient buffer is freed without a copy (each step zeroes it first) and comes back as zeros; host buffers
     # for the rest are allocated at the first hand-over only (the same storages every step)
-    assert result["grads_zero"] == [True] * 3 and result["grad_bytes"] >= result["param_bytes"]
+    assert result["grads_zero"] == [True] * 3 and (lora_rank or result["grad_bytes"] >= result["param_bytes"])
     assert result["host_allocated"] == [sizes[0] - result["grad_bytes"]] * 3
