@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks import guard_shapes
+from benchmarks.baselines import check_baselines
 from slime_search.health.config import HealthConfig
 
 
@@ -25,6 +26,12 @@ def test_the_defaults_leave_healthy_runs_alone_and_catch_the_recipes_collapse_in
     runs, rolled, within, _, rules = rows[("recipe", "collapse, held-out only")][:5]
     assert (runs, rolled, within) == ("4", "4", "4") and rules == "eval_drop 4"
     assert rows[("miniature", "collapse")][1] == "4"
+    figures = {}
+    for (shape, scenario), cells in rows.items():
+        figures[f"{shape}/{scenario}/rolled back"] = int(cells[1])
+        if cells[2]:
+            figures[f"{shape}/{scenario}/within 3 evaluations of the start"] = int(cells[2])
+    check_baselines("guard_shapes --runs 4 --seed 1", figures)
 
 
 def test_a_margin_of_half_the_best_misses_the_recipes_collapse():

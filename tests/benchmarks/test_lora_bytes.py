@@ -2,6 +2,7 @@
 
 import pytest
 
+from benchmarks.baselines import check_baselines
 from benchmarks.lora_bytes import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -21,3 +22,5 @@ def test_lora_trains_a_sliver_and_pushes_the_same_folded_model(capsys):
     )
     # under PEFT's names a fused projection's A goes once per HF projection: more than the trained parameters
     assert lora["push_adapters_gb"] > lora["trained"] * 4 / 1e9
+    figures = {f"{row}/{column}": value for row, values in rows.items() for column, value in values.items()}
+    check_baselines("lora_bytes --shape tiny --tp 1 --rank 4 --fp32", figures)
