@@ -168,13 +168,8 @@ def check_lora(lora: LoraConfig, cluster: ClusterConfig, args: argparse.Namespac
 
 
 def check_adapter_sync(cluster: ClusterConfig, args: argparse.Namespace) -> None:
-    """--lora-sync-from-tensor replaces the engines' adapter at each push: the engines must be SGLang's, and no request
-    may be in flight then."""
-    if not args.rollout_num_gpus and not args.engine_url:
-        raise ValueError(
-            "--lora-sync-from-tensor loads the adapters into SGLang's LoRA serving; the CPU engine server serves none "
-            "(use SGLang engines: --rollout-num-gpus, or --engine-url of engines started with --enable-lora)"
-        )
+    """--lora-sync-from-tensor replaces the engines' adapter at each push: no request may be in flight then, and the
+    engines must keep their base weights (each engine's LoRA serving is checked when the run connects to it)."""
     if cluster.colocate:
         raise ValueError(
             "--lora-sync-from-tensor with --colocate is not supported: colocated engines give their base weights up "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from slime_search.engines.cpu_engine_lora import CpuAdapters
 from slime_search.engines.sampling import SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class GenerationRequest:
     rid: str = ""
     prior: GenerationResult | None = None  # what a retracted request generated before its pause
     logprob_start: int | None = None  # SGLang's logprob_start_len: the input log-probs from this token on
+    lora: str | None = None  # SGLang's lora_path: the loaded adapter to answer with (None: the base model)
 
     @property
     def context(self) -> list[int]:
@@ -114,6 +116,7 @@ class CpuEngine:
         self.released: set[str] = set()  # memory tags given back (SGLang's release_memory_occupation)
         self.stale: set[str] = set()  # weights resumed but not updated since (their values are undefined)
         self.faults = faults
+        self.adapters = CpuAdapters()  # the LoRA adapters loaded by name (cpu_engine_lora.py)
 
     def _load_model(self, path: str):
         from transformers import AutoModelForCausalLM
@@ -210,6 +213,7 @@ class CpuEngine:
         self.model = new
         self.model_path = model_path
         self.stale = set()
+        self.adapters.refold(self.model)
         if weight_version is not None:  # as SGLang: the version changes only when one is given
             self.weight_version = weight_version
         return self.weight_version
@@ -234,6 +238,7 @@ class CpuEngine:
         for name, tensor in tensors.items():
             state[name].copy_(tensor)
         self.stale -= set(tensors)
+        self.adapters.refold(self.model)
         if weight_version is not None:
             self.weight_version = weight_version
         return self.weight_version
@@ -244,16 +249,29 @@ class CpuEngine:
         return after is not None and version is not None and str(version).isdigit() and int(version) > after
 
     # ---- generation ----------------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        from transformers import DynamicCache
-
+        """Every request answered, in order; the requests of each adapter (or of none) run as one batch, with the
+        model that adapter is folded into."""
         if not requests:
             return []
         self._check_ready()
         with self._lock:  # an abort-all applies to what was queued before it, not to later requests
             self._abort_all = False
-        results = [self._start(request) for request in requests]
+        groups: dict[str | None, list[int]] = {}
+        for index, request in enumerate(requests):
+            groups.setdefault(request.lora, []).append(index)
+        results: list[GenerationResult | None] = [None] * len(requests)
+        for lora, indices in groups.items():
+            model = self.model if lora is None else self.adapters.model(lora)
+            for index, result in zip(indices, self._generate_batch([requests[i] for i in indices], model), strict=True):
+                results[index] = result
+        return results
+
+    @torch.inference_mode()
+    def _generate_batch(self, requests: list[GenerationRequest], model) -> list[GenerationResult]:
+        from transformers import DynamicCache
+
+        results = [self._start(request, model) for request in requests]
         active = [self._finish_if_empty(req, res) for req, res in zip(requests, results, strict=True)]
         if self._retracting():  # paused before the batch started: every request waits, untouched
             return [self._retract(res) if on else res for res, on in zip(results, active, strict=True)]
@@ -277,7 +295,7 @@ class CpuEngine:
             positions.to(self.device),
         )
         cache = DynamicCache()
-        out = self.model(
+        out = model(
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=positions,
@@ -309,7 +327,7 @@ class CpuEngine:
             positions = positions[:, -1:] + 1
             if self.faults.decode_delay_s:
                 time.sleep(self.faults.decode_delay_s)
-            out = self.model(
+            out = model(
                 input_ids=tokens.unsqueeze(-1).to(self.device),
                 attention_mask=attention,
                 position_ids=positions,
@@ -322,24 +340,24 @@ class CpuEngine:
             )
         return results
 
-    def _start(self, request: GenerationRequest) -> GenerationResult:
+    def _start(self, request: GenerationRequest, model) -> GenerationResult:
         """A new result, or a retracted request's own, carried on under the weights served now. A new one asking for
         input log-probs gets them now, at its prefill, as SGLang computes them."""
         result = request.prior or GenerationResult(prompt_tokens=len(request.input_ids))
         if request.prior is None and request.logprob_start is not None:
-            result.input_log_probs = self.input_log_probs(request.input_ids, request.logprob_start)
+            result.input_log_probs = self.input_log_probs(request.input_ids, request.logprob_start, model)
         result.retracted = False
         result.serve_on(self.weight_version)
         return result
 
     @torch.inference_mode()
-    def input_log_probs(self, input_ids: list[int], start: int) -> list[float | None]:
+    def input_log_probs(self, input_ids: list[int], start: int, model=None) -> list[float | None]:
         """SGLang's input_token_logprobs from token `start` on: each input token's log-prob given the tokens before
         it, of the model's own distribution (temperature 1 whatever the request samples at: SGLang 0.5.23 divides by
         the temperature only for the tokens it samples), and None for the first token of the range (SGLang gives none
-        there, also when tokens precede it)."""
+        there, also when tokens precede it). `model`: an adapter's folded copy (default: the base model)."""
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
-        logits = self.model(input_ids=ids).logits[0, start:-1].float()
+        logits = (model or self.model)(input_ids=ids).logits[0, start:-1].float()
         targets = ids[0, start + 1 :].unsqueeze(-1)
         log_probs = (logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1)).cpu()
         return [None, *log_probs.tolist()] if start < len(input_ids) else []

@@ -9,7 +9,9 @@ input tokens' as SGLang gives them); GET /health, /health_generate (empty bodies
 version), /server_info; POST /update_weights_from_disk; the weight-update session (/begin_weight_update,
 /end_weight_update) that tensor and distributed updates must sit in; broadcast weight sync
 (/init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group) over gloo;
-/update_weights_from_tensor with shared-memory handles; /release_memory_occupation and /resume_memory_occupation
+/update_weights_from_tensor with shared-memory handles (those in cpu_engine_updates.py); LoRA adapters loaded and
+unloaded by name and a /generate's `lora_path`, and /update_weight_version (cpu_engine_lora.py);
+/release_memory_occupation and /resume_memory_occupation
 (JSON null); /flush_cache (plain text; with ?timeout= it waits for the engine to be idle and answers 400 if it never
 is); /abort_request (empty body). Concurrent /generate requests are collected for a few milliseconds and run as one
 batch (shared prefill and decode passes over a KV cache). Weight updates run on the same worker, between batches, so
@@ -28,6 +30,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from slime_search.engines.cpu_engine_updates import (
+    UpdateSession,
+    add_tensor_update_route,
+    add_weight_update_group_routes,
+    answer,
+    failure,
+)
 from slime_search.engines.sampling import SamplingParams
 from slime_search.engines.validation import (
     BadRequest,
@@ -36,8 +45,6 @@ from slime_search.engines.validation import (
     optional_version,
     parse_json_object,
     string,
-    weight_bucket,
-    weight_group_join,
 )
 from slime_search.utils.batching import WorkerBatcher, resolve
 
@@ -81,8 +88,9 @@ def check_sampling_keys(params: Any) -> None:
         raise BadRequest(f"sampling parameters the CPU engine does not implement: {unsupported}")
 
 
-def parse_generate(body: Any, tokenizer, vocab_size: int, max_positions: int):
-    """Validate a /generate body into (GenerationRequest, return_logprob)."""
+def parse_generate(body: Any, tokenizer, vocab_size: int, max_positions: int, adapters=None):
+    """Validate a /generate body into (GenerationRequest, return_logprob); `adapters`: the names of the LoRA adapters
+    loaded, one of which a `lora_path` must name."""
     from slime_search.engines.cpu_engine import GenerationRequest
 
     if not isinstance(body, dict):
@@ -121,7 +129,22 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, max_positions: int):
     rid = str(body.get("rid") or uuid.uuid4().hex)
     return_logprob = bool(body.get("return_logprob", False))
     start = logprob_start(body.get("logprob_start_len"), len(input_ids)) if return_logprob else None
-    return GenerationRequest(input_ids, params, rid, logprob_start=start), return_logprob
+    lora = lora_of(body, adapters)
+    return GenerationRequest(input_ids, params, rid, logprob_start=start, lora=lora), return_logprob
+
+
+def lora_of(body: dict, adapters) -> str | None:
+    """The adapter a /generate names (SGLang's `lora_path`: a loaded adapter's name), or None."""
+    from slime_search.engines.cpu_engine_lora import never_loaded
+
+    name = body.get("lora_path")
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise BadRequest("'lora_path' must be the name of a loaded adapter (batched prompts: send one request each)")
+    if adapters is None or name not in adapters:
+        raise BadRequest(never_loaded(name, adapters if adapters is not None else {}.keys()))
+    return name
 
 
 def format_result(request, result, return_logprob: bool) -> dict:
@@ -232,53 +255,13 @@ class GenerationBatcher(WorkerBatcher):
         await self.queue.put((replace(request, prior=partial), future))
 
 
-class UpdateSession:
-    """SGLang's weight-update session: tensor and distributed updates are refused outside begin ... end."""
-
-    def __init__(self):
-        self.open = False
-
-    def begin(self) -> dict:
-        if self.open:
-            return {
-                "success": False,
-                "message": "a weight-update session is already open; call end_weight_update() first",
-            }
-        self.open = True
-        return {"success": True, "message": "Success"}
-
-    def end(self) -> dict:
-        if not self.open:
-            return {"success": False, "message": "no weight-update session is open; call begin_weight_update() first"}
-        self.open = False
-        return {"success": True, "message": "Success"}
-
-    def refusal(self, endpoint: str) -> dict | None:
-        if self.open:
-            return None
-        return {
-            "success": False,
-            "message": f"{endpoint} must run between begin_weight_update() and end_weight_update()",
-        }
-
-
-def answer(content: dict):
-    """SGLang's control answers: {"success", "message", ...}, 200 on success and 400 otherwise."""
-    from fastapi.responses import JSONResponse
-
-    return JSONResponse(content, status_code=200 if content["success"] else 400)
-
-
-def failure(err: Exception) -> dict:
-    return {"success": False, "message": f"{type(err).__name__}: {err}"}
-
-
 def create_app(engine, config: EngineServerConfig):
     from fastapi import FastAPI, Query, Request, Response
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
 
     from slime_search.engines.cpu_engine import EngineNotReady
+    from slime_search.engines.cpu_engine_lora import add_lora_routes
 
     gate = PauseGate(engine)
     batcher = GenerationBatcher(engine, config, gate)
@@ -317,7 +300,9 @@ def create_app(engine, config: EngineServerConfig):
     @app.post("/generate")
     async def generate(request: Request):
         body = await read_json(request)
-        gen_request, return_logprob = parse_generate(body, engine.tokenizer, vocab_size, max_positions)
+        gen_request, return_logprob = parse_generate(
+            body, engine.tokenizer, vocab_size, max_positions, engine.adapters.names()
+        )
         await gate.wait()
         result = await batcher.submit(gen_request)
         return JSONResponse(format_result(gen_request, result, return_logprob))
@@ -372,7 +357,9 @@ def create_app(engine, config: EngineServerConfig):
             "released_memory": sorted(engine.released),
             "weights_not_updated_since_resume": len(engine.stale),
         }
-        return {"version": SGLANG_VERSION, "model_path": engine.model_path, "internal_states": [state]}
+        # LoRA is always on (any rank, every projection): SGLang reports its --enable-lora and --max-lora-rank
+        lora = {"enable_lora": True, "max_lora_rank": None}
+        return {"version": SGLANG_VERSION, "model_path": engine.model_path, **lora, "internal_states": [state]}
 
     for path, info in (("/model_info", model_info), ("/get_model_info", model_info)):
         app.get(path)(info)
@@ -444,6 +431,7 @@ def create_app(engine, config: EngineServerConfig):
 
     add_tensor_update_route(app, engine, batcher, session, read_json)
     add_weight_update_group_routes(app, engine, batcher, session, read_json)
+    add_lora_routes(app, engine, batcher, read_json)
     return app
 
 
@@ -458,93 +446,6 @@ def memory_tags(body: dict) -> list[str] | None:
     except ValueError as err:
         raise BadRequest(str(err)) from err
     return tags
-
-
-def add_tensor_update_route(app, engine, batcher, session: UpdateSession, read_json) -> None:
-    """SGLang's tensor-handle weight sync: one serialized list of (name, tensor) over shared memory."""
-    from fastapi import Request
-
-    @app.post("/update_weights_from_tensor")
-    async def update_from_tensor(request: Request):
-        from slime_search.engines.weight_wire import deserialize_named_tensors
-
-        body = await read_json(request)
-        entries = body.get("serialized_named_tensors")
-        if not isinstance(entries, list) or len(entries) != 1 or not isinstance(entries[0], str):
-            raise BadRequest("the CPU engine is one rank: send one serialized_named_tensors entry (a string)")
-        if body.get("load_format") not in (None, "direct"):
-            raise BadRequest(f"load_format {body.get('load_format')!r} is not supported (use null)")
-        refused = session.refusal("update_weights_from_tensor")
-        if refused:
-            return answer(refused)
-        version = optional_version(body)
-
-        def load():
-            return engine.load_named_tensors(deserialize_named_tensors(entries[0]), version)
-
-        try:
-            await batcher.run_in_worker(load)
-        except (ValueError, RuntimeError, TypeError) as err:  # a payload that does not map onto the model
-            return answer(failure(err))
-        return answer({"success": True, "message": "Success"})
-
-
-def add_weight_update_group_routes(app, engine, batcher, session: UpdateSession, read_json) -> None:
-    """SGLang's broadcast weight sync over gloo: join the trainer's group, receive buckets, leave."""
-    from fastapi import Request
-
-    from slime_search.engines.weight_wire import DEFAULT_GROUP_NAME, join_weight_update_group, receive_tensors
-
-    groups: dict[str, Any] = {}
-
-    @app.post("/init_weights_update_group")
-    async def init_group(request: Request):
-        join = weight_group_join(await read_json(request), DEFAULT_GROUP_NAME)
-        name, backend, address, port = join["name"], join["backend"], join["address"], join["port"]
-        rank, world_size = join["rank"], join["world_size"]
-        if backend != "gloo":
-            raise BadRequest(f"the CPU engine joins weight-update groups over gloo, not {backend!r}")
-        if name in groups:
-            raise BadRequest(f"already in weight-update group {name!r}")
-        try:
-            groups[name] = await asyncio.to_thread(
-                join_weight_update_group, "gloo", address, port, rank, world_size, name, 600.0
-            )
-        except (RuntimeError, ValueError) as err:
-            return answer(failure(err))
-        return answer({"success": True, "message": f"joined {name} as rank {rank} of {world_size}"})
-
-    @app.post("/update_weights_from_distributed")
-    async def update_from_distributed(request: Request):
-        body = await read_json(request)
-        name = string(body, "group_name", DEFAULT_GROUP_NAME)
-        if name not in groups:
-            raise BadRequest(f"not in weight-update group {name!r}: POST /init_weights_update_group first")
-        names, dtypes, shapes = weight_bucket(body)
-        refused = session.refusal("update_weights_from_distributed")
-        if refused:  # as SGLang: refused before any tensor is received
-            return answer(refused)
-        version = optional_version(body)
-
-        def receive_and_load():
-            tensors = receive_tensors(groups[name], names, dtypes, shapes)
-            return engine.load_named_tensors(tensors, version)
-
-        try:
-            await batcher.run_in_worker(receive_and_load)
-        except (RuntimeError, ValueError) as err:
-            return answer(failure(err))
-        return answer({"success": True, "message": "Succeeded to update parameter online."})
-
-    @app.post("/destroy_weights_update_group")
-    async def destroy_group(request: Request):
-        import torch.distributed as dist
-
-        name = string(await read_json(request), "group_name", DEFAULT_GROUP_NAME)
-        if name not in groups:
-            return answer({"success": False, "message": f"not in weight-update group {name!r}"})
-        dist.destroy_process_group(groups.pop(name))
-        return answer({"success": True, "message": f"left {name}"})
 
 
 def parse_args(argv=None) -> argparse.Namespace:

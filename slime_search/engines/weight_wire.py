@@ -146,13 +146,20 @@ class _TensorUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def deserialize_named_tensors(entry: str) -> dict[str, torch.Tensor]:
-    """The CPU engine's side: map the shared memory, check the structure (a list of (name, tensor))."""
+def deserialize_named_tensors(entry: str, mapping: bool = False) -> dict[str, torch.Tensor]:
+    """The CPU engine's side: map the shared memory, check the structure: a list of (name, tensor), or with `mapping`
+    a dict {name: tensor} (what /load_lora_adapter_from_tensors is sent)."""
     try:
         data = base64.b64decode(entry, validate=True)
         named = _TensorUnpickler(io.BytesIO(data)).load()
     except Exception as err:  # noqa: BLE001 - whatever fails to decode or rebuild is a malformed payload
         raise ValueError(f"bad serialized_named_tensors entry: {type(err).__name__}: {err}") from err
+    if mapping:
+        if not isinstance(named, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in named.items()
+        ):
+            raise ValueError("a LoRA adapter's serialized_named_tensors entry must be a dict {name: tensor}")
+        return named
     if not isinstance(named, list) or not all(
         isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], torch.Tensor)
         for item in named

@@ -8,8 +8,9 @@ shared memory (`WeightSyncRank.adapter_payload`), and every engine loads them th
 (synchronous and one-step modes drain the rollout before a push), so none meets the name missing. Then
 /update_weight_version sets the version the engines report, as the other transports' last bucket does.
 
-The engines must run SGLang with LoRA on, up to the adapters' rank (`run_config.sglang_lora_args` for the engines this
-project starts); `connect` checks each one's /server_info and refuses an engine that does not serve LoRA.
+The engines must serve LoRA up to the adapters' rank: SGLang with LoRA on (`run_config.sglang_lora_args` for the
+engines this project starts), or the CPU engine server, which always serves it. `connect` checks each one's
+/server_info and refuses an engine that does not serve LoRA.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 def lora_serving_problem(info: dict, lora_rank: int) -> str | None:
     """Why an engine with this /server_info cannot serve rank-`lora_rank` adapters from tensors, or None."""
     if not info.get("enable_lora"):
-        return "it does not serve LoRA adapters (SGLang's --enable-lora; the CPU engine server serves none)"
+        return "it does not serve LoRA adapters (start SGLang with --enable-lora)"
     max_rank = info.get("max_lora_rank")
     if max_rank is not None and int(max_rank) < lora_rank:
         return f"its --max-lora-rank {max_rank} is below --lora-rank {lora_rank}"

@@ -6,6 +6,7 @@ train.py against the same engine with --lora-sync-from-tensor: each push carries
 request of the next rollout is answered with them."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -17,6 +18,7 @@ from slime_search.backends.megatron.lora_peft import save_peft_adapter
 from slime_search.config.lora import LoraConfig
 from slime_search.engines.weight_wire import serialize_named_tensors
 from slime_search.utils.net import free_port
+from slime_search.utils.server_process import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -76,7 +78,25 @@ def lora_engine(tiny_checkpoint, tmp_path_factory):
     process.stop()
 
 
-def test_sglang_serves_the_peft_folder_as_peft_does(lora_engine, tiny_checkpoint, tmp_path):
+@pytest.fixture(scope="module")
+def cpu_lora_engine(tiny_checkpoint):
+    """The CPU engine server on the tiny policy (it serves LoRA adapters as SGLang does, always on)."""
+    from tests.conftest import SGLangEngine
+
+    argv = ["-m", "slime_search.engines.cpu_engine_server", "--model-path", str(tiny_checkpoint), "--port", "0"]
+    with ServerProcess([*argv, "--max-wait-ms", "50", "--weight-version", "0"], health_path="/health_generate") as p:
+        yield SGLangEngine(p, tiny_checkpoint)
+
+
+def post(url: str, path: str, body: dict) -> requests.Response:
+    return requests.post(f"{url}{path}", json=body, timeout=300)
+
+
+@pytest.mark.parametrize("kind", ["sglang", "cpu"])
+def test_the_engine_serves_the_peft_folder_as_peft_does(kind, request, tiny_checkpoint, tmp_path):
+    """Both engines, the same assertions: the adapters from the folder and from tensors answer as PEFT, a request
+    naming none as the base model, one naming an adapter never loaded (or unloaded) is refused with SGLang's words,
+    and /update_weight_version sets the version /model_info reports."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -90,7 +110,7 @@ def test_sglang_serves_the_peft_folder_as_peft_does(lora_engine, tiny_checkpoint
     expected = hf_log_probs(PeftModel.from_pretrained(base, folder).eval(), ids)
     assert max(abs(a - b) for a, b in zip(expected, expected_base, strict=True)) > 0.1  # the adapters matter
 
-    url = lora_engine.url
+    url = request.getfixturevalue("lora_engine" if kind == "sglang" else "cpu_lora_engine").url
     loaded = requests.post(f"{url}/load_lora_adapter", json={"lora_name": "from-folder", "lora_path": str(folder)})
     assert loaded.ok and loaded.json()["success"], loaded.text[:500]
     tensors = load_file(folder / "adapter_model.safetensors")  # alive until the engine has answered
@@ -107,6 +127,27 @@ def test_sglang_serves_the_peft_folder_as_peft_does(lora_engine, tiny_checkpoint
     for name in ("from-folder", "from-tensors"):
         assert max(abs(a - b) for a, b in zip(answers[name], expected, strict=True)) < 1e-4, name
     assert max(abs(a - b) for a, b in zip(answers[None], expected_base, strict=True)) < 1e-4
+    # batched together: requests of two adapters and of none, sent at once, each answered with its own model
+    with ThreadPoolExecutor(6) as pool:
+        mixed = list(pool.map(lambda name: input_log_probs(url, ids, name), ["from-folder", None, "from-tensors"] * 2))
+    for name, got in zip(["from-folder", None, "from-tensors"] * 2, mixed, strict=True):
+        want = expected_base if name is None else expected
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4, name
+
+    again = post(url, "/load_lora_adapter", {"lora_name": "from-folder", "lora_path": str(folder)})
+    assert again.status_code == 400 and "already loaded" in again.json()["error_message"]  # a name is loaded once
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}, "lora_path": "never-loaded"}
+    refused = post(url, "/generate", body)
+    assert refused.status_code == 400
+    assert "Got LoRA adapter that has never been loaded: never-loaded" in refused.json()["error"]["message"]
+    for name in ("from-folder", "from-tensors"):
+        unloaded = post(url, "/unload_lora_adapter", {"lora_name": name})
+        assert unloaded.ok and unloaded.json()["success"], unloaded.text[:500]
+    assert post(url, "/unload_lora_adapter", {"lora_name": "from-folder"}).status_code == 400  # none of that name
+    updated = post(url, "/update_weight_version", {"new_version": "7", "abort_all_requests": False})
+    assert updated.ok and updated.json()["success"]
+    assert requests.get(f"{url}/model_info", timeout=30).json()["weight_version"] == "7"
+    request.getfixturevalue("lora_engine" if kind == "sglang" else "cpu_lora_engine").reset()
 
 
 def test_grpo_pushes_the_adapters_alone_and_sglang_answers_every_request_with_them(
