@@ -273,6 +273,7 @@ def run_config(args: argparse.Namespace, vocab_size: int, use_gpu: bool) -> RunC
             ranks_per_engine=engines.ranks_per_engine,
             served_adapter=lora.served_adapter,
             lora_rank=lora.lora_rank,
+            push_base_first=lora.served_adapter is not None and checkpoints.load is not None,
         ),
         schedule=flags.schedule,
         wandb=(flags.logs.use_wandb, flags.logs.wandb_project, flags.logs.wandb_group),

@@ -111,6 +111,10 @@ def test_the_3b_run_script_with_lora_rank_trains_adapters_at_ten_times_the_rate(
         assert source.model_overrides["attention_impl"] == "packed", name  # the adapters wrap the local linears
         # slime's recipe gives --ref-load the --load weights: under LoRA the reference is the model, adapters off
         assert source.with_reference and source.ref_load == source.load, name
+        assert not source.lora.lora_sync_from_tensor, name  # each push carries the folded weights
+        env["LORA_SYNC_FROM_TENSOR"] = "1"
+        out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True).stdout
+        assert model_source(parse_args(out.splitlines()[2:])).lora.served_adapter == "policy", name
 
 
 def test_the_qwen3_4b_run_script_trains_qwen3_with_native_tool_calls_and_thinking_off():

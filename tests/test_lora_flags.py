@@ -70,7 +70,11 @@ def test_adapter_sync_reaches_the_engines_the_requests_and_the_transport():
     flags = [*BASE, "--rollout-num-gpus", "1", "--lora-rank", "8", "--target-modules", "q_proj,k_proj,v_proj"]
     config = run_config(parse_args([*flags, "--lora-sync-from-tensor"]), vocab_size=100, use_gpu=False)
     assert config.rollout.served_adapter == config.weight_sync.served_adapter == "policy"
-    assert config.weight_sync.lora_rank == 8
+    assert (
+        config.weight_sync.lora_rank == 8 and not config.weight_sync.push_base_first
+    )  # the engines' base is the actor's
+    loaded = run_config(parse_args([*flags, "--lora-sync-from-tensor", "--load", "td"]), vocab_size=100, use_gpu=False)
+    assert loaded.weight_sync.push_base_first  # a base from --load goes beneath the adapters once
     assert config.rollout.engines.lora_args == (
         "--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj", "k_proj", "v_proj",
         "--max-loras-per-batch", "1",

@@ -19,7 +19,8 @@
 # engine's, which top_p truncates); 1,005 rollouts.
 # LORA_RANK=N trains LoRA adapters of rank N on every projection (docs/lora.md) with the base frozen, at 10x the
 # learning rate (Thinking Machines' LoRA primer, tinker-docs.thinkingmachines.ai/tinker/lora-primer: LoRA's rate is
-# about 10x full fine-tuning's, and rank 32 matches it in RL).
+# about 10x full fine-tuning's, and rank 32 matches it in RL). With LORA_SYNC_FROM_TENSOR=1 each push carries the
+# adapters alone into SGLang's LoRA serving (--lora-sync-from-tensor; not with COLOCATE=1 or ASYNC_MODE=fully).
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 
@@ -44,6 +45,7 @@ ASYNC_MODE=${ASYNC_MODE:-off}
 MAX_STALENESS=${MAX_STALENESS:-2}
 RECIPE=${RECIPE:-slime}
 LORA_RANK=${LORA_RANK:-0}
+LORA_SYNC_FROM_TENSOR=${LORA_SYNC_FROM_TENSOR:-0}
 RETRIEVER_GPUS=${RETRIEVER_GPUS:-}
 RETRIEVER_INDEX=${RETRIEVER_INDEX:-${INDEX_DIR}/e5_Flat.index}
 
@@ -132,6 +134,9 @@ LORA_ARGS=()
 if [[ "${LORA_RANK}" != "0" ]]; then
    LR=1e-5
    LORA_ARGS=(--lora-rank "${LORA_RANK}" --lora-alpha 32 --target-modules all-linear)
+   if [[ "${LORA_SYNC_FROM_TENSOR}" == "1" ]]; then
+      LORA_ARGS+=(--lora-sync-from-tensor)
+   fi
 fi
 
 OPTIMIZER_ARGS=(

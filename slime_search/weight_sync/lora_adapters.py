@@ -8,6 +8,10 @@ shared memory (`WeightSyncRank.adapter_payload`), and every engine loads them th
 (synchronous and one-step modes drain the rollout before a push), so none meets the name missing. Then
 /update_weight_version sets the version the engines report, as the other transports' last bucket does.
 
+The engines load the HF folder's weights, and the adapters sit on them. An actor whose frozen base came from --load (a
+torch_dist folder: an SFT run's, say) may hold another base, so its first push, and the first after engines restart,
+carries the base alone through --update-weight-transport before the adapters (`push_base_first`).
+
 The engines must serve LoRA up to the adapters' rank: SGLang with LoRA on (`run_config.sglang_lora_args` for the
 engines this project starts), or the CPU engine server, which always serves it. `connect` checks each one's
 /server_info and refuses an engine that does not serve LoRA.
@@ -56,6 +60,11 @@ async def replace_adapter(
 
 
 class AdapterTransport(WeightTransport):
+    def __init__(self, config, group, engine_urls: list[str]):
+        super().__init__(config, group, engine_urls)
+        self.base: WeightTransport | None = None  # the transport that pushes the frozen base (push_base_first)
+        self.base_due = False
+
     def connect(self) -> None:
         """Every engine must serve LoRA adapters of this rank; the first push loads the adapter (nothing to unload)."""
         from slime_search.engines.client import EngineError, call_engine, on_every_engine
@@ -71,11 +80,31 @@ class AdapterTransport(WeightTransport):
         # The engines known to hold the adapter of the served name. Any other one may hold it or not (a running
         # engine given by --engine-url, one restarted): its unload may fail.
         self.loaded: set[str] = set()
+        if self.config.push_base_first:
+            from slime_search.weight_sync.transports import transport_kind
+
+            if self.base is None:
+                self.base = transport_kind(self.config.transport).load()(self.config, self.group, self.engine_urls)
+            self.base.connect()
+            self.base_due = True
+
+    def close(self) -> None:
+        if self.base is not None:
+            self.base.close()
 
     def push(self, version: str) -> str:
-        """The adapters from actor rank 0 to every engine, under the served name; returns the version served."""
+        """The adapters from actor rank 0 to every engine, under the served name (the base first when it is due);
+        returns the version served."""
         from slime_search.engines.client import on_every_engine
 
+        if self.base_due:
+            self.group.on_all_ranks("set_base_only", True)
+            try:
+                self.base.push(version)
+            finally:
+                self.group.on_all_ranks("set_base_only", False)
+            self.base_due = False
+            logger.info("pushed the frozen base beneath the adapters as version %s", version)
         answers = self.group.on_all_ranks("adapter_payload")
         try:
             entry, adapter_config, size = answers[0]

@@ -26,6 +26,7 @@ class WeightSyncRank:
     (where the frozen base came from) from the class it is mixed into."""
 
     broadcaster = None  # rank 0's WeightBroadcaster while connected
+    base_only = False  # push the frozen base without the adapters folded in (set_base_only)
     _handle_buckets = None  # the tensor-handle stream of the push in progress
     _sent = None  # the bucket whose handles the engines may still be reading
 
@@ -38,7 +39,13 @@ class WeightSyncRank:
         """The weights under HF names, streamed in buckets (collective over the tensor-parallel group)."""
         from slime_search.weight_sync.gather import iter_hf_buckets
 
-        return iter_hf_buckets(self.actor.local_state_dict(), self.shape, self._te_names(), bucket_bytes)
+        state = self.actor.local_state_dict(fold_adapters=not self.base_only)
+        return iter_hf_buckets(state, self.shape, self._te_names(), bucket_bytes)
+
+    def set_base_only(self, on: bool) -> None:
+        """Whether the next pushes carry the frozen base alone: engines that serve the adapters by name
+        (--lora-sync-from-tensor) need the actor's base beneath them, once."""
+        self.base_only = on
 
     # ---- disk ---------------------------------------------------------------------------------------------------
     def write_hf(self, original_hf: str, out_dir: str) -> str | None:
@@ -46,7 +53,7 @@ class WeightSyncRank:
         from slime_search.weight_sync.disk import write_hf_checkpoint
         from slime_search.weight_sync.gather import gather_full_megatron_state
 
-        full = gather_full_megatron_state(self.actor.local_state_dict())
+        full = gather_full_megatron_state(self.actor.local_state_dict(fold_adapters=not self.base_only))
         if self.rank != 0:
             return None
         write_hf_checkpoint(full, self.shape, original_hf, out_dir, te_names=self._te_names())

@@ -24,6 +24,9 @@ class WeightSyncConfig:
     ranks_per_engine: int = 1  # process-group ranks (GPUs) of one engine
     served_adapter: str | None = None  # --lora-sync-from-tensor: the adapters alone, served under this name
     lora_rank: int = 0  # the adapters' rank (an engine must serve at least this --max-lora-rank)
+    # --lora-sync-from-tensor with --load: the frozen base may differ from the HF folder the engines load, so the first
+    # push (and the first after engines restart) carries the base by `transport`, beneath the adapters
+    push_base_first: bool = False
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORT_NAMES:

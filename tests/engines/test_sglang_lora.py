@@ -150,26 +150,48 @@ def test_the_engine_serves_the_peft_folder_as_peft_does(kind, request, tiny_chec
     request.getfixturevalue("lora_engine" if kind == "sglang" else "cpu_lora_engine").reset()
 
 
-def test_grpo_pushes_the_adapters_alone_and_sglang_answers_every_request_with_them(
-    lora_engine, tiny_checkpoint, tmp_path
+def other_base(tmp_path):
+    """A torch_dist folder of another tiny policy (other random weights, the same shape and tokenizer) than the HF
+    folder the engines load: the adapters' base comes from --load."""
+    from slime_search.models.tiny_qwen import TinyQwenConfig, save_tiny_checkpoint
+    from tests.backends.test_megatron_convert import model_args, run_tool
+
+    hf = save_tiny_checkpoint(tmp_path / "other_hf", TinyQwenConfig(seed=1))
+    saved = run_tool(
+        "convert_hf_to_torch_dist.py", *model_args("tiny-qwen2"), "--hf-checkpoint", str(hf),
+        "--save", str(tmp_path / "other_td"),
+    )  # fmt: skip
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    return tmp_path / "other_td"
+
+
+@pytest.mark.parametrize("kind", ["sglang", "cpu"])
+def test_grpo_pushes_the_adapters_alone_and_the_engine_answers_every_request_with_them(
+    kind, request, tiny_checkpoint, tmp_path
 ):
-    """--lora-sync-from-tensor: after each step actor rank 0 hands SGLang the adapters (PEFT names, shared memory),
-    which replace the served adapter, and the version SGLang reports is the step's. Step 1's rollout was sampled by
-    SGLang with the adapters pushed after step 0: the trainer gives its tokens the same log-probs, although the policy
-    has moved from the base (KL > 0). A request that named no adapter would be answered by the base model."""
+    """--lora-sync-from-tensor, with SGLang and with the CPU engine: after each step actor rank 0 hands the engine the
+    adapters (PEFT names, shared memory), which replace the served adapter, and the version the engine reports is the
+    step's. Step 1's rollout was sampled with the adapters pushed after step 0: the trainer gives its tokens the same
+    log-probs, although the policy has moved from the base (KL > 0). A request that named no adapter would be
+    answered by the base model. With the CPU engine the actor's base comes from --load, other weights than the HF
+    folder the engine loads: the first push carries that base beneath the adapters (without it every log-prob
+    differs)."""
     from tests.e2e.test_train_sglang import train_against
 
+    engine = request.getfixturevalue("lora_engine" if kind == "sglang" else "cpu_lora_engine")
+    flags = ["--lora-rank", str(RANK), "--lora-alpha", "16", "--lora-sync-from-tensor"]
+    if kind == "cpu":
+        flags += ["--load", str(other_base(tmp_path))]
     train = train_against(
-        lora_engine, tiny_checkpoint, tmp_path,
+        engine, tiny_checkpoint, tmp_path,
         "--num-rollout", "2", "--rollout-max-response-len", "8", "--max-response-tokens", "24",
-        "--use-kl-loss", "--kl-loss-coef", "0.001", "--entropy-coef", "0.01",
-        "--lora-rank", str(RANK), "--lora-alpha", "16", "--lora-sync-from-tensor",
+        "--use-kl-loss", "--kl-loss-coef", "0.001", "--entropy-coef", "0.01", *flags,
     )  # fmt: skip
-    assert [r["weight_version"] for r in train] == [1, 2]  # what SGLang's /model_info reported after each push
+    assert [r["weight_version"] for r in train] == [1, 2]  # what the engine's /model_info reported after each push
     assert [r["rollout/weight_version"] for r in train] == [0, 1]
     diffs, kls = [r["train/train_rollout_logprob_abs_diff"] for r in train], [r["train/kl_loss"] for r in train]
     assert max(diffs) < 1e-3 and kls[1] > 100 * max(diffs), (diffs, kls)
-    served = requests.get(f"{lora_engine.url}/model_info", timeout=30).json()
+    served = requests.get(f"{engine.url}/model_info", timeout=30).json()
     assert served["weight_version"] == "2"
 
 

@@ -307,12 +307,12 @@ class MegatronActor:
             dist.all_reduce(stats, group=parallel_state.get_data_parallel_group())
         return stats.float()
 
-    def local_state_dict(self) -> dict[str, torch.Tensor]:
+    def local_state_dict(self, fold_adapters: bool = True) -> dict[str, torch.Tensor]:
         """This rank's shard of the weights, Megatron names (for gathering into HF weights); under LoRA each adapter
-        folded into its base weight."""
+        folded into its base weight, or with `fold_adapters=False` the frozen base alone."""
         from slime_search.backends.megatron.lora import lora_modules, merged_state_dict
 
         model = self.model.module
         if next(lora_modules(model), None) is not None:
-            return merged_state_dict(model)
+            return merged_state_dict(model, fold=fold_adapters)
         return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}

@@ -181,10 +181,11 @@ def adapters_disabled(model: torch.nn.Module):
             module.enabled = True
 
 
-def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def merged_state_dict(model: torch.nn.Module, fold: bool = True) -> dict[str, torch.Tensor]:
     """This rank's shard of the model's weights under the names of the model without adapters, each adapter folded
-    into its base weight: what the HF conversion, the weight push and the engines take."""
-    merged = {f"{path}.weight": module.merged_weight() for path, module in lora_modules(model)}
+    into its base weight: what the HF conversion, the weight push and the engines take. `fold=False`: the frozen base
+    alone (what engines that serve the adapters by name need beneath them)."""
+    merged = {f"{path}.weight": module.merged_weight() for path, module in lora_modules(model)} if fold else {}
     out = {}
     for name, tensor in model.state_dict().items():
         if is_adapter(name) or name.endswith("_extra_state"):
