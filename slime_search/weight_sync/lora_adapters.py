@@ -1,6 +1,6 @@
 """Weight sync of the adapters alone (--lora-sync-from-tensor), into SGLang's LoRA serving.
 
-Under LoRA only the adapters change, so a push can carry them alone: at the 3B shape about 0.1 GB against 6 GB for the
+Under LoRA only the adapters change, so a push can carry them alone: at the 3B shape about 0.12 GB against 6.2 GB for the
 weights with the adapters folded in (docs/benchmarks/lora.md). Actor rank 0 gathers them under PEFT's names into host
 shared memory (`WeightSyncRank.adapter_payload`), and every engine loads them through
 /load_lora_adapter_from_tensors under one name (`LoraConfig.served_adapter`), which every /generate names in its
