@@ -60,9 +60,10 @@ async def replace_adapter(
 
 
 class AdapterTransport(WeightTransport):
-    def __init__(self, config, group, engine_urls: list[str]):
+    def __init__(self, config, group, engine_urls: list[str], base: WeightTransport | None = None):
+        """`base`: the transport that pushes the frozen base beneath the adapters (push_base_first), or None."""
         super().__init__(config, group, engine_urls)
-        self.base: WeightTransport | None = None  # the transport that pushes the frozen base (push_base_first)
+        self.base = base
         self.base_due = False
 
     def connect(self) -> None:
@@ -80,11 +81,7 @@ class AdapterTransport(WeightTransport):
         # The engines known to hold the adapter of the served name. Any other one may hold it or not (a running
         # engine given by --engine-url, one restarted): its unload may fail.
         self.loaded: set[str] = set()
-        if self.config.push_base_first:
-            from slime_search.weight_sync.transports import transport_kind
-
-            if self.base is None:
-                self.base = transport_kind(self.config.transport).load()(self.config, self.group, self.engine_urls)
+        if self.base is not None:
             self.base.connect()
             self.base_due = True
 

@@ -82,10 +82,12 @@ def default_transport(colocate: bool, engines_on_gpus: bool) -> str:
 
 
 def create_transport(config: WeightSyncConfig, group, engine_urls: list[str]) -> WeightTransport:
-    """The transport the flags chose; under --lora-sync-from-tensor the adapters' own (`lora_adapters.py`), whatever
-    --update-weight-transport says: only the adapters move."""
+    """The transport the flags chose; under --lora-sync-from-tensor the adapters' own (`lora_adapters.py`), with the
+    chosen one beneath it for the frozen base when that comes from --load (push_base_first)."""
     if config.served_adapter is not None:
         from slime_search.weight_sync.lora_adapters import AdapterTransport
 
-        return AdapterTransport(config, group, engine_urls)
+        chosen = transport_kind(config.transport).load()
+        base = chosen(config, group, engine_urls) if config.push_base_first else None
+        return AdapterTransport(config, group, engine_urls, base)
     return transport_kind(config.transport).load()(config, group, engine_urls)
