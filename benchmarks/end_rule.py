@@ -11,7 +11,7 @@ evaluations (the held-out rule, waiting --health-eval-patience 4 evaluations, on
 back: the end-of-run rule is the guard's only answer to them).
 
 The real HealthGuard sees every evaluation with its grades (every version has a checkpoint; the last is the final
-version's, as the end rule requires), then decides as the run's end does (health.recovery.Recovery.end): end_on_best
+version's, as the end rule requires), then decides as the run's end does (run.recovery.Recovery.end): end_on_best
 when the evaluations settle the fall; otherwise, for an end_candidate and with a pool to confirm on, end_on_confirmed
 on the pool's grades of both versions. Printed per
 --health-end-drop and with the confirmation off and on: the share of runs ending on an earlier checkpoint, the share

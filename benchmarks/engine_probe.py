@@ -1,4 +1,4 @@
-"""The engine probe's gaps (slime_search.health.engine_check), measured: the float noise its bound must clear and the
+"""The engine probe's gaps (slime_search.run.engine_check), measured: the float noise its bound must clear and the
 wrong engines it must catch, as the mean |engine - trainer| log-prob per token of teacher-forced tokens.
 
     python -m benchmarks.engine_probe --work /tmp/probe [--trainer [--engine-url URL]] \
@@ -66,8 +66,8 @@ def trainer_gaps(tiny: Path, other: Path, engine_url: str | None, tokens: list[i
     from slime_search.backends.megatron.actor import ActorConfig
     from slime_search.backends.megatron.loss import LossConfig
     from slime_search.engines.client import call_engine, on_every_engine
-    from slime_search.health.engine_check import probe_gaps
     from slime_search.ray.train_group import ModelSource, RayTrainGroup, TrainGroupConfig
+    from slime_search.run.engine_check import probe_gaps
     from slime_search.utils.server_process import ServerProcess
 
     def engine(checkpoint) -> ServerProcess:

@@ -2,7 +2,7 @@
 fingerprints of device state; memory figures.
 
 The recipe is read, not restated: `DRY_RUN=1 bash examples/search-r1/run_qwen2.5_3B.sh` prints the training command,
-our parser reads it, and `slime_search.run_config` builds the actor's configuration from it as the run does. One
+our parser reads it, and `slime_search.run.config` builds the actor's configuration from it as the run does. One
 device changes what it must (TP 1, so no sequence parallelism; fp32 on CPU, where bf16 does not train) and says so.
 """
 
@@ -83,7 +83,7 @@ def recipe_on_one_device(model_name: str, cpu: bool, env: dict[str, str] | None 
 
     from slime_search.arguments import build_parser
     from slime_search.backends.megatron.model_args import model_from_args
-    from slime_search.run_config import actor_config, model_source
+    from slime_search.run.config import actor_config, model_source
 
     args = build_parser().parse_args(recipe_flags(model_name, env))
     shape, options = model_from_args(args)

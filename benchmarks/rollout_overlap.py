@@ -2,7 +2,7 @@
 
     python -m benchmarks.rollout_overlap --engines 1 --actor-gpus 7 --prompts 64 --samples 5 --steps 8
 
-The real driver loop (slime_search.train.run_steps), RolloutManager (a Ray actor) and Search-R1 generate plugin run
+The real driver loop (slime_search.run.loop.run_steps), RolloutManager (a Ray actor) and Search-R1 generate plugin run
 against a real retriever (BM25 over ../shared/data/corpus/wiki18_subset.jsonl) and emulated SGLang engines, one per
 H100 (benchmarks.stand_in_engines.emulated: real Search-R1 3B turns from ../shared/data/trajectories, paced by a
 continuous-batching model of Qwen2.5-3B on an H100). Two stand-ins replace what needs GPUs, each named here:
@@ -116,16 +116,17 @@ def engine_state(urls: list[str]) -> list[dict]:
 def run_mode(mode: str, args, engine_urls: list[str], retriever_url: str, prompts: Path, work: Path) -> dict:
 
     from slime_search.arguments import parse_args
-    from slime_search.evaluators import InStepEval
     from slime_search.health.guard import HealthGuard
-    from slime_search.health.recovery import Recovery
     from slime_search.metrics import MetricsSink
     from slime_search.ray.colocation import Colocation
     from slime_search.ray.placement import create_rollout_manager, stop_rollout_manager
-    from slime_search.run_config import run_config
-    from slime_search.run_folder import RunFolder
-    from slime_search.run_handles import RunHandles
-    from slime_search.train import run_steps
+    from slime_search.rollout.schedule import create_schedule
+    from slime_search.run.config import run_config
+    from slime_search.run.evaluators import InStepEval
+    from slime_search.run.folder import RunFolder
+    from slime_search.run.loop import run_steps
+    from slime_search.run.parts import RunParts
+    from slime_search.run.recovery import Recovery
 
     run_dir = work / f"run-{mode}"
     flags = [
@@ -145,8 +146,10 @@ def run_mode(mode: str, args, engine_urls: list[str], retriever_url: str, prompt
     run = RunFolder(run_dir)
     sink = MetricsSink(run.path, False, "bench", None, config={})
     manager = create_rollout_manager(config.rollout, parsed, group, colocate=False)
-    h = RunHandles(config, run, sink, group, HealthGuard(config.health), manager, EmulatedPush(engine_urls))
-    h.colocation, h.evaluator = Colocation(False, group, manager), InStepEval(h)
+    h = RunParts(
+        config, run, sink, group, HealthGuard(config.health), manager, EmulatedPush(engine_urls),
+        Colocation(False, group, manager), InStepEval(config, manager), create_schedule(config.schedule, manager),
+    )  # fmt: skip
     try:
         h.transport.push("0")
         before, started = engine_state(engine_urls), time.monotonic()

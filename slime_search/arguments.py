@@ -28,7 +28,7 @@ from slime_search.evaluation.subsets import add_eval_subset_arguments
 from slime_search.health.config import add_health_arguments
 from slime_search.parallel_layout import check_layout, widths_from_flags
 from slime_search.rollout.schedule import ScheduleConfig
-from slime_search.run_config import TypedFlags, typed_flags, weight_transport
+from slime_search.run.config import TypedFlags, typed_flags, weight_transport
 from slime_search.search_r1.config import add_search_r1_arguments
 from slime_search.utils.flag_fields import add_flags, from_flags
 from slime_search.weight_sync.transports import TRANSPORTS, transport_kind

@@ -43,7 +43,7 @@ def checkpoints_at_once(
 
 def saves_in_run(config) -> int:
     """The checkpoints a run of `config` (a RunConfig) saves from its start: the starting weights with the guard on and
-    --save-interval set (train.run_steps), then every step `save_due` names."""
+    --save-interval set (run.loop.run_steps), then every step `save_due` names."""
     first = 1 if config.health.enabled and config.save_interval else 0
     return first + sum(config.save_due(step) for step in range(1, config.num_rollout + 1))
 

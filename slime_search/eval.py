@@ -148,7 +148,7 @@ def evaluate(args: argparse.Namespace, work: Path) -> list:
     from slime_search.plugins import Plugins
     from slime_search.rollout.data_source import DataConfig
     from slime_search.rollout.manager import evaluation_samples, plugin_args_for, run_rollout
-    from slime_search.run_config import engine_config, eval_sets, sampling_params
+    from slime_search.run.config import engine_config, eval_sets, sampling_params
 
     sets = tuple((name, limited(path, args.max_samples, work)) for name, path in eval_sets(args))
     try:
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from slime_search.arguments import check_engine_flags, check_or_exit, check_plugins, preflight
     from slime_search.plugins import load_function
-    from slime_search.run_config import eval_sets
+    from slime_search.run.config import eval_sets
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -203,7 +203,7 @@ def checkpoints_section(run_dir: Path) -> str:
     by the guard; only --keep-checkpoints prunes them)."""
     import json
 
-    from slime_search.run_folder import RunFolder
+    from slime_search.run.folder import RunFolder
 
     final = run_dir / "final.json"
     lines = []

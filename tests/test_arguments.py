@@ -3,7 +3,7 @@
 import pytest
 
 from slime_search.arguments import check_model_flags, parse_args
-from slime_search.run_config import actor_config, model_source, steps_per_rollout, weight_transport
+from slime_search.run.config import actor_config, model_source, steps_per_rollout, weight_transport
 
 BASE = ["--hf-checkpoint", "ckpt", "--save", "run", "--prompt-data", "p.parquet", "--num-rollout", "2"]
 
@@ -197,7 +197,7 @@ def test_the_3b_run_scripts_search_r1_recipe_is_search_r1s_step(capsys):
 
 
 def test_run_config_derives_every_component_config_once_and_leaves_the_flags_alone():
-    from slime_search.run_config import run_config
+    from slime_search.run.config import run_config
 
     args = parse(
         "--colocate", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus-per-engine", "2",
@@ -218,7 +218,7 @@ def test_run_config_derives_every_component_config_once_and_leaves_the_flags_alo
 
 
 def test_the_eval_engine_is_one_engine_of_its_own_with_the_runs_eval_sets(capsys):
-    from slime_search.run_config import run_config
+    from slime_search.run.config import run_config
 
     evals = ("--eval-prompt-data", "nq", "e.parquet")
     args = parse(*evals, "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2", "--eval-engine")
@@ -254,7 +254,7 @@ def test_the_3b_run_script_keeps_the_retriever_off_the_training_gpus():
 
 def test_async_modes_are_refused_where_generation_cannot_overlap_training(capsys):
     from slime_search.rollout.schedule import ScheduleConfig
-    from slime_search.run_config import run_config
+    from slime_search.run.config import run_config
 
     assert run_config(parse("--async-mode", "fully"), 100, use_gpu=False).schedule == ScheduleConfig("fully", 2)
     assert ScheduleConfig("one-step", 5).staleness == 1 and ScheduleConfig("fully", 3).staleness == 3
@@ -406,7 +406,7 @@ def test_an_engine_tensor_parallel_size_sglang_refuses_is_refused(capsys):
 
 
 def test_slime_spellings_are_accepted(capsys):
-    from slime_search.run_config import rollout_manager_config
+    from slime_search.run.config import rollout_manager_config
 
     assert parse("--loss-type", "sft_loss").loss_type == "sft"
     assert parse("--tis-clip", "3").tis_cap == 3.0 and parse("--tis-cap", "3").tis_cap == 3.0
@@ -473,7 +473,7 @@ def test_a_decay_style_without_decay_iters_decays_over_the_whole_run():
 def test_seed_reaches_the_actor_ranks_and_the_engines(monkeypatch):
     from slime_search.backends.megatron import distributed
     from slime_search.ray.train_group import TrainRank
-    from slime_search.run_config import run_config
+    from slime_search.run.config import run_config
 
     config = run_config(parse("--seed", "99"), vocab_size=100, use_gpu=False)
     assert config.train_group.seed == 99 and config.rollout.engines.seed == 99
@@ -487,7 +487,7 @@ def test_model_flags_that_shape_the_model_are_passed_to_it():
     from types import SimpleNamespace
 
     from slime_search.backends.megatron.model import ModelOptions
-    from slime_search.run_config import model_source
+    from slime_search.run.config import model_source
 
     hf_config = SimpleNamespace(rope_theta=1e6, max_position_embeddings=4096, rms_norm_eps=1e-6)
     overrides = model_source(parse()).model_overrides
@@ -500,7 +500,7 @@ def test_model_flags_that_shape_the_model_are_passed_to_it():
 
 
 def test_recompute_flags_follow_megatrons_rules_and_reach_the_model_options(capsys):
-    from slime_search.run_config import model_source
+    from slime_search.run.config import model_source
 
     full = parse("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
     overrides = model_source(full).model_overrides

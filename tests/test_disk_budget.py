@@ -44,7 +44,7 @@ def test_checkpoints_on_disk_at_once():
 
 
 def test_a_run_saves_its_start_every_interval_and_every_evaluated_version():
-    from slime_search.run_config import run_config
+    from slime_search.run.config import run_config
 
     flags = ["--num-rollout", "1000", "--save-interval", "20", "--eval-interval", "25", "--eval-prompt-data", "nq", "e"]
     config = run_config(parse(*flags), vocab_size=100, use_gpu=False)
@@ -53,13 +53,13 @@ def test_a_run_saves_its_start_every_interval_and_every_evaluated_version():
 
 
 def _config(tmp_path, *flags):
-    from slime_search.run_config import run_config
+    from slime_search.run.config import run_config
 
     return run_config(parse("--save", str(tmp_path / "run"), *flags), vocab_size=100, use_gpu=False)
 
 
 def test_a_run_whose_disk_cannot_hold_its_checkpoints_is_refused_naming_the_flags(tmp_path):
-    from slime_search.run_folder import RunFolder
+    from slime_search.run.folder import RunFolder
 
     config = _config(tmp_path)
     run = RunFolder(config.run_dir)
@@ -73,7 +73,7 @@ def test_a_run_whose_disk_cannot_hold_its_checkpoints_is_refused_naming_the_flag
 
 
 def test_the_budget_is_logged_and_a_resumed_run_counts_the_checkpoints_it_has(tmp_path, caplog):
-    from slime_search.run_folder import RunFolder
+    from slime_search.run.folder import RunFolder
 
     config = _config(tmp_path, "--keep-checkpoints", "3")
     run = RunFolder(config.run_dir)

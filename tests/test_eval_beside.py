@@ -1,4 +1,4 @@
-"""Evaluation beside training (slime_search.eval_beside): which versions are evaluated when the evaluator is slower
+"""Evaluation beside training (slime_search.run.eval_beside): which versions are evaluated when the evaluator is slower
 than the interval, what a rollback drops, and a late result's review by the health guard. The evaluator is a Ray
 actor that holds each evaluation until the test releases it; the actor group only writes the weights folder (the
 end-to-end run with the real actor and eval engine is tests/e2e/test_eval_beside.py)."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_search.eval_beside import EvalBeside
+from slime_search.run.eval_beside import EvalBeside
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def test_a_failed_evaluation_is_dropped_and_a_fresh_evaluator_takes_the_next(
     version and the cause, the failure is counted, the broken evaluator is killed, and version 2 (waiting behind it)
     is evaluated by a fresh one, started at the second try (the first found no GPU free yet)."""
     ray = ray_session
-    monkeypatch.setattr("slime_search.eval_beside.RESTART_RETRY_S", 0.01)
+    monkeypatch.setattr("slime_search.run.eval_beside.RESTART_RETRY_S", 0.01)
     broken = ray.remote(BrokenEvaluator).remote()
     fresh = held(ray, {2: 0.4}, released=(2,))
     restarts = Restarts(RuntimeError("--eval-engine needs 1 GPU(s)"), fresh)
@@ -172,7 +172,7 @@ def test_a_failed_evaluation_is_dropped_and_a_fresh_evaluator_takes_the_next(
     beside = EvalBeside(broken, group, tmp_path, Sync(), 0, timeout_s=60, restart=restarts)
     submit(beside, group, 0)
     submit(beside, group, 2)  # waits behind the running version 0
-    with caplog.at_level("WARNING", logger="slime_search.eval_beside"):
+    with caplog.at_level("WARNING", logger="slime_search.run.eval_beside"):
         results = beside.collect(wait=True)
     assert [r.version for r in results] == [2] and results[0].metrics["eval/em"] == 0.4
     dropped = [r.getMessage() for r in caplog.records if "version 0 dropped" in r.getMessage()]
@@ -244,7 +244,7 @@ def test_evaluation_beside_training_stops_after_failures_in_a_row(ray_session, t
     submit(beside, group, 0)
     assert beside.collect(wait=True) == [] and beside.metrics()["eval/stopped"] == 0
     submit(beside, group, 2)
-    with caplog.at_level("WARNING", logger="slime_search.eval_beside"):
+    with caplog.at_level("WARNING", logger="slime_search.run.eval_beside"):
         assert beside.collect(wait=True) == []
     assert any("needs 1 GPU" in r.getMessage() for r in caplog.records)
     assert any("evaluation beside training stops" in r.getMessage() for r in caplog.records)
@@ -262,13 +262,13 @@ def test_evaluation_beside_training_stops_after_failures_in_a_row(ray_session, t
 def test_a_late_held_out_drop_rolls_back_to_before_it(tmp_path):
     """The guard reviews a result when it arrives: drops at versions 6 and 8, found while the run is at steps 9 and 11,
     call for a rollback to before version 6 (the first only warns); the records are kept under their versions."""
-    from slime_search.eval_beside import EvalResult
     from slime_search.health.config import HealthConfig
     from slime_search.health.guard import HealthGuard
-    from slime_search.health.recovery import Recovery
     from slime_search.metrics import MetricsSink
-    from slime_search.run_folder import RunFolder
-    from slime_search.run_handles import RunHandles
+    from slime_search.run.eval_beside import EvalResult
+    from slime_search.run.folder import RunFolder
+    from slime_search.run.recovery import Recovery
+    from tests.run_parts_helpers import run_parts
 
     # patience 2: the second fall, found late, is the one that rolls back
     sink, run, guard = (
@@ -276,7 +276,7 @@ def test_a_late_held_out_drop_rolls_back_to_before_it(tmp_path):
         RunFolder(tmp_path),
         HealthGuard(HealthConfig(eval_drop=0.2, eval_patience=2)),
     )
-    recovery = Recovery(RunHandles(None, run, sink, None, guard))
+    recovery = Recovery(run_parts(folder=run, sink=sink, guard=guard))
     for version, em, step in ((2, 0.6, 3), (4, 0.62, 5), (6, 0.3, 9), (8, 0.32, 11)):
         result = EvalResult(version, {"eval/score": em, "eval/em": em}, [], {"time/eval_s": 1.0})
         rollback = recovery.record_eval(result, step)
@@ -296,7 +296,7 @@ RECIPE_FLAGS = ["--hf-checkpoint", "ckpt", "--save", "run", "--prompt-data", "p.
 
 def recipe_config(*extra):
     from slime_search.arguments import parse_args
-    from slime_search.run_config import run_config
+    from slime_search.run.config import run_config
 
     return run_config(parse_args([*RECIPE_FLAGS, *extra]), vocab_size=100, use_gpu=False)
 
@@ -341,24 +341,27 @@ def test_with_evaluations_slower_than_a_save_interval_every_graded_version_still
     """The recipe's schedule and --keep-checkpoints 2, with evaluations beside training that take 30 or 60 steps
     each (the seven test sets on one engine take longer than a save interval): the version being evaluated and the
     one waiting keep their checkpoints, so every version whose grade arrives can still be gone back to, stopped on or
-    ended on. The real guard, evaluator bookkeeping, saves and pruning; the loop is the driver's (train.run_steps)."""
+    ended on. The real guard, evaluator bookkeeping, saves and pruning; the loop is the driver's (run.loop)."""
     from slime_search.backends.megatron.checkpoint import iteration_dir
-    from slime_search.evaluators import BesideEval
     from slime_search.health.guard import HealthGuard
-    from slime_search.health.recovery import Recovery
     from slime_search.metrics import MetricsSink
-    from slime_search.run_folder import RunFolder
-    from slime_search.run_handles import RunHandles
+    from slime_search.run.evaluators import BesideEval
+    from slime_search.run.folder import RunFolder
+    from slime_search.run.recovery import Recovery
     from tests.health.test_guard import step_record
+    from tests.run_parts_helpers import run_parts
 
     ray = ray_session
     config = recipe_config()
     score = {v: min(0.45, 0.1 + v / 600) for v in range(0, 1001, 25)}  # rises, then a plateau
     evaluator, group = held(ray, score), SavingGroup()
     run = RunFolder(tmp_path / "run")
-    h = RunHandles(config, run, MetricsSink(run.path), group, HealthGuard(config.health))
-    h.manager, h.colocation = ray.remote(PromptData).remote(), NoHandOver()
-    h.evaluator = BesideEval(h, EvalBeside(evaluator, group, run.path, Sync(), examples=0, timeout_s=600))
+    colocation = NoHandOver()
+    h = run_parts(
+        config=config, folder=run, sink=MetricsSink(run.path), group=group, guard=HealthGuard(config.health),
+        manager=ray.remote(PromptData).remote(), colocation=colocation,
+        evaluator=BesideEval(config, colocation, EvalBeside(evaluator, group, run.path, Sync(), examples=0, timeout_s=600)),
+    )  # fmt: skip
     recovery = Recovery(h)
     started, graded, lost = {}, [], []
     h.save(0)

@@ -22,7 +22,7 @@ from slime_search.evaluation.flags import EvalConfig
 from slime_search.evaluation.subsets import EvalSubset
 from slime_search.health.config import HealthConfig, health_config
 from slime_search.rollout.schedule import ScheduleConfig
-from slime_search.run_config import actor_config, run_config
+from slime_search.run.config import actor_config, run_config
 from slime_search.search_r1.config import RewardConfig, SearchR1Config
 from slime_search.utils.flag_fields import (
     REQUIRED,

@@ -21,7 +21,7 @@ LAYERS = (
     ("slime_search.weight_sync", "slime_search.rollout"),
     ("slime_search.ray",),
     ("slime_search.search_r1", "slime_search.health"),
-    ("slime_search.arguments", "slime_search.run_config", "slime_search.run_folder", "slime_search.report",
+    ("slime_search.arguments", "slime_search.run", "slime_search.report",
      "slime_search.eval", "slime_search.miniature", "slime_search.train", "slime_search"),
     ("benchmarks", "tools"),
 )  # fmt: skip

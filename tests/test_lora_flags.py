@@ -4,7 +4,7 @@ import pytest
 
 from slime_search.arguments import parse_args
 from slime_search.config.lora import LoraConfig
-from slime_search.run_config import model_source
+from slime_search.run.config import model_source
 
 BASE = [
     "--hf-checkpoint", "ckpt", "--save", "run", "--prompt-data", "p.parquet", "--num-rollout", "2",
@@ -65,7 +65,7 @@ def test_lora_flags_that_cannot_work_are_usage_errors(flags, message, capsys):
 def test_adapter_sync_reaches_the_engines_the_requests_and_the_transport():
     """--lora-sync-from-tensor: the engines this project starts serve LoRA up to the rank on the adapters'
     projections, every /generate names the served adapter, and the transport is the adapters' own."""
-    from slime_search.run_config import run_config
+    from slime_search.run.config import run_config
 
     flags = [*BASE, "--rollout-num-gpus", "1", "--lora-rank", "8", "--target-modules", "q_proj,k_proj,v_proj"]
     config = run_config(parse_args([*flags, "--lora-sync-from-tensor"]), vocab_size=100, use_gpu=False)

@@ -18,7 +18,7 @@ from slime_search.backends.megatron.lora_peft import (
 )
 from slime_search.config.lora import LoraConfig
 from slime_search.health.config import health_config
-from slime_search.run_config import model_source
+from slime_search.run.config import model_source
 from tests.test_lora_flags import BASE
 
 RANK, ALPHA = 4, 8.0

@@ -282,7 +282,7 @@ def test_a_baseline_runs_evaluation_is_drawn_and_tabled_beside_this_one(tmp_path
 
 
 def test_the_report_names_the_weights_the_run_ended_on_and_what_was_set_aside(tmp_path):
-    from slime_search.run_folder import RunFolder
+    from slime_search.run.folder import RunFolder
 
     run = RunFolder(tmp_path / "run")
     for step in (0, 5, 10):

@@ -8,13 +8,13 @@ import pytest
 from slime_search.config.lora import LoraConfig
 from slime_search.health.config import HealthConfig
 from slime_search.health.guard import HealthGuard
-from slime_search.health.recovery import Recovery
 from slime_search.metrics import MetricsSink
 from slime_search.ray.train_group import ModelSource
-from slime_search.run_folder import RunFolder
-from slime_search.run_handles import RunHandles
+from slime_search.run.folder import RunFolder
+from slime_search.run.recovery import Recovery
 from slime_search.utils.records import RecordsError, append_records, keep_records_before, read_records
 from tests.health.test_guard import step_record
+from tests.run_parts_helpers import run_parts
 
 
 def test_appends_are_whole_lines_and_a_torn_tail_is_dropped(tmp_path):
@@ -47,7 +47,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_recorded_once_per_step_when
     run.record_events([{"step": 1, "action": "warn", "rule": "logprob_gap", "message": "", "attempt": 0}])
     # nothing to push: the engines serve the HF weights
     config = SimpleNamespace(model=ModelSource("hf"), health=HealthConfig())
-    assert Recovery(RunHandles(config, run, sink, None, HealthGuard(HealthConfig()))).resume() == 0
+    assert Recovery(run_parts(config=config, folder=run, sink=sink, guard=HealthGuard(HealthConfig()))).resume() == 0
     assert sink.read() == [] and read_records(run.examples) == [] and run.events() == []
     for step in range(3):
         sink.log(step, {"train/loss": 0.5})
@@ -92,9 +92,9 @@ def test_a_fresh_start_pushes_version_0_when_the_engines_would_serve_another_pol
     adapters the engines serve by name (--lora-sync-from-tensor), else the first rollout names an adapter no engine
     holds."""
     both = RecordedPushes()
-    h = RunHandles(
-        SimpleNamespace(model=source, health=HealthConfig()), RunFolder(tmp_path), MetricsSink(tmp_path), None,
-        HealthGuard(HealthConfig()), transport=both, colocation=both,
+    h = run_parts(
+        config=SimpleNamespace(model=source, health=HealthConfig()), folder=RunFolder(tmp_path),
+        sink=MetricsSink(tmp_path), guard=HealthGuard(HealthConfig()), transport=both, colocation=both,
     )  # fmt: skip
     assert Recovery(h).resume() == 0
     assert both.calls == pushed
@@ -191,7 +191,7 @@ def test_a_watched_held_out_fall_names_the_checkpoint_a_rollback_would_use(tmp_p
     for step in range(7):  # step 3's batch was skipped: the steps around checkpoint 4 did not all stay clean
         guard.review(step, step_record(step, **({"health/step_skipped": 1.0} if step == 3 else {})))
     config = SimpleNamespace(model=ModelSource("hf"), health=HealthConfig())
-    recovery = Recovery(RunHandles(config, run, sink, None, guard))
+    recovery = Recovery(run_parts(config=config, folder=run, sink=sink, guard=guard))
 
     def evaluate(version, grades):
         metrics = {"eval/score": sum(grades) / len(grades), "grades": grades}

@@ -5,11 +5,11 @@
     python -m benchmarks.guard_week --shape miniature --seeds 0 1 2 3 4              # the miniature's week
     python -m benchmarks.guard_week --shape recipe --steps 200 --faults ... --json out.json
 
-The real driver loop (slime_search.train.run_steps), guard, recovery (its re-push, probe, pauses, rollbacks, stops,
+The real driver loop (slime_search.run.loop.run_steps), guard, recovery (its re-push, probe, pauses, rollbacks, stops,
 resume), pruning and run folder run over a simulated world (no model, no Ray actors of the run's): the rollout manager
 and its engines, the actor's group, the weight transport and the evaluator beside training are the world's (parts.py,
 beside.py), the evaluation inside the step is the product's InStepEval over the world's manager. Time is the world's
-clock (RunHandles.clock): each step's rollout, training, push, save and evaluation take their time at the shape, and
+clock (RunParts.clock): each step's rollout, training, push, save and evaluation take their time at the shape, and
 the guard's waits pass on it, so a 10-minute outage is 5-10 of the recipe's 60-120 s steps and a week runs in seconds.
 
 The run's configuration is the run's own: the recipe's command line as `DRY_RUN=1 bash
@@ -18,7 +18,7 @@ with every default it implies (checkpoints every 20 and at every evaluated versi
 checkpoints 2, every health bound as shipped). Overrides, and only these (shapes.py): --save (a folder of the week's),
 the eval sets' paths (placeholder files of the sets' real row counts: nq_test[0:3000] of NQ's 3,610; with
 --eval-beside, --eval-engine and the seven Search-R1 test sets whole, 51,713 questions, in place of nq_test), flags
-given with --recipe-flags; RunHandles.checkpoint_bytes is left unset (the product's check for room before a save reads
+given with --recipe-flags; RunParts.checkpoint_bytes is left unset (the product's check for room before a save reads
 this machine's disk: the world's disk fails the save itself, ENOSPC, as a full disk would), and the disk budget is the
 product's (disk_budget) with the world's disk size in place of this machine's free space.
 

@@ -1,4 +1,4 @@
-"""Evaluation beside training on the world's clock: EvalBeside's contract (slime_search.eval_beside), which the real
+"""Evaluation beside training on the world's clock: EvalBeside's contract (slime_search.run.eval_beside), which the real
 BesideEval drives (`submit`, `collect`, `pending_versions`, `metrics`, `rolled_back`, `evaluator`).
 
 The real EvalBeside times its evaluations with the machine's clock and Ray's object refs, which a simulation cannot
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from benchmarks.guard_week.world import Weights, World
 
-MAX_FAILURES = 3  # slime_search.eval_beside.MAX_FAILURES
+MAX_FAILURES = 3  # slime_search.run.eval_beside.MAX_FAILURES
 
 
 @dataclass
@@ -73,7 +73,7 @@ class SimEvalBeside:
         return seconds
 
     def collect(self, wait: bool = False):
-        from slime_search.eval_beside import EvalResult
+        from slime_search.run.eval_beside import EvalResult
 
         w, results = self.world, []
         while self.running is not None:

@@ -17,7 +17,7 @@ from benchmarks.guard_week.world import COLLAPSES, DriverKilled, Weights, World,
 
 WRONG_NATS = 1.5  # how far off an engine that serves other weights (or computes wrongly) is, per token
 TRAINER_LOG_PROB = -1.0  # the trainer's log-prob of every generated token (the engines agree to NUMERIC_SD)
-NUMERIC_SD = 0.01  # bf16 engines against a bf16 trainer: ~0.005-0.01 per token (health.engine_check)
+NUMERIC_SD = 0.01  # bf16 engines against a bf16 trainer: ~0.005-0.01 per token (run.engine_check)
 SEARCHES_PER_SAMPLE = (1.2, 1.8)
 WEIGHTS_FILE = "weights.json"
 
@@ -41,7 +41,7 @@ class Engine:
     served: Weights = field(default_factory=Weights)  # a fresh engine serves the weights it started from
     alive: bool = True
     ready_at: float | None = None  # restarting: answers from then on
-    connected: bool = True  # to the weight transport (a restarted engine after RunHandles.engines_back)
+    connected: bool = True  # to the weight transport (a restarted engine after RunParts.engines_back)
     stuck: bool = False  # its weight updates are lost until the same version is pushed again
 
 
@@ -170,8 +170,8 @@ class SimManager:
         """The evaluation inside the step (on the rollout engines), or of `subset`'s questions (the end's
         confirmation on questions the evaluations left out); an evaluation that hangs has no result within the
         product's deadline, which the world's clock passes."""
-        from slime_search.evaluators import eval_deadline
         from slime_search.rollout.manager import evaluation_sizes
+        from slime_search.run.evaluators import eval_deadline
 
         w, live = self.world, [e for e in self.engines if e.alive] or self.engines
         if subset is None and w.due("eval_hang", self.step):
@@ -236,6 +236,9 @@ class SimManager:
     def set_sampling_attempt(self, attempt: int) -> None:
         self.attempt = attempt
 
+    def on_all_ranks(self, method: str, *args) -> list:
+        raise NotImplementedError(f"the simulated actor has no ranks to run {method} on (the week writes no --save-hf)")
+
     def shutdown(self) -> None:
         """Nothing runs."""
 
@@ -284,8 +287,10 @@ class SimGroup:
             collapse, fallen = (collapse, fallen) if fallen > 0 else (None, 0.0)
         return Weights(weights.progress + self.lr_scale, weights.broken or spike, collapse, fallen)
 
-    def save(self, root: str, steps_done: int, files: dict[str, str]) -> None:
+    def save(self, root: str, iteration: int, extra_files: dict[str, str] | None = None) -> None:
         from slime_search.backends.megatron.checkpoint import TRACKER, iteration_dir
+
+        steps_done, files = iteration, extra_files or {}
 
         w = self.world
         if w.due("disk_full", steps_done):
@@ -308,8 +313,10 @@ class SimGroup:
         if on_disk > w.facts.peak_bytes:
             w.facts.peak_bytes, w.facts.peak_folders = on_disk, folders
 
-    def load(self, root: str, steps_done: int) -> None:
+    def load(self, root: str, iteration: int | None = None) -> None:
         from slime_search.backends.megatron.checkpoint import iteration_dir
+
+        steps_done = iteration
 
         record = json.loads((iteration_dir(root, steps_done) / WEIGHTS_FILE).read_text())
         self.weights = Weights(**record["weights"])
@@ -324,6 +331,9 @@ class SimGroup:
 
     def set_lr_scale(self, scale: float) -> None:
         self.lr_scale = scale
+
+    def on_all_ranks(self, method: str, *args) -> list:
+        raise NotImplementedError(f"the simulated actor has no ranks to run {method} on (the week writes no --save-hf)")
 
     def shutdown(self) -> None:
         """Nothing runs."""

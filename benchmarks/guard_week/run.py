@@ -31,7 +31,7 @@ def one_week(shape: str, seed: int, work: Path, args) -> dict:
     from benchmarks.guard_week.shapes import setup
     from benchmarks.guard_week.week import run_week
     from benchmarks.guard_week.world import World
-    from slime_search.run_folder import RunFolder
+    from slime_search.run.folder import RunFolder
 
     started = time.perf_counter()
     run_dir = work / f"{shape}-seed{seed}"

@@ -232,7 +232,7 @@ def setup(
     from slime_search.backends.megatron.checkpoint_size import layout_of_shape
     from slime_search.backends.megatron.model_args import model_from_args
     from slime_search.rollout.manager import evaluation_sizes
-    from slime_search.run_config import run_config
+    from slime_search.run.config import run_config
 
     shape = SHAPES[shape_name]
     if shape_name == "recipe":

@@ -24,13 +24,14 @@ MAX_STARTS = 12  # a week that needs more starts than this has gone wrong: it en
 
 
 def open_parts(world: World, argv: list[str]):
-    """RunHandles and Recovery as train.main builds them (open_run, start_parts), with the world's parts and clock."""
-    from slime_search.evaluators import BesideEval, InStepEval, eval_deadline
+    """RunParts and Recovery as train.main builds them (run.parts.open_parts), with the world's parts and clock."""
     from slime_search.health.guard import HealthGuard
-    from slime_search.health.recovery import Recovery
     from slime_search.metrics import MetricsSink
     from slime_search.ray.colocation import Colocation
-    from slime_search.run_handles import RunHandles
+    from slime_search.rollout.schedule import create_schedule
+    from slime_search.run.evaluators import BesideEval, InStepEval, eval_deadline
+    from slime_search.run.parts import RunParts
+    from slime_search.run.recovery import Recovery
 
     config = world.config
     run = counted_run_folder(world, config.run_dir)
@@ -43,20 +44,22 @@ def open_parts(world: World, argv: list[str]):
     push = SimPush(world, manager, group)
     push.connect()
     guard = HealthGuard(config.health, config.rollout.rollout.reward_key)
-    h = RunHandles(config, run, MetricsSink(run.path), group, guard, remote, push)
-    h.clock = world.clock
-    h.colocation = Colocation(config.colocate, group, remote)
+    colocation = Colocation(config.colocate, group, remote)
     if config.eval_engine is not None:
-        h.evaluator = BesideEval(h, SimEvalBeside(world, manager, group, eval_deadline(config)[0]))
+        evaluator = BesideEval(config, colocation, SimEvalBeside(world, manager, group, eval_deadline(config)[0]))
     else:
-        h.evaluator = InStepEval(h)
+        evaluator = InStepEval(config, remote)
+    h = RunParts(
+        config, run, MetricsSink(run.path), group, guard, remote, push, colocation, evaluator,
+        create_schedule(config.schedule, remote), clock=world.clock,
+    )  # fmt: skip
     return h, Recovery(h, argv)
 
 
 def counted_run_folder(world: World, path: str):
     """The run folder, its pruning counted (what --keep-checkpoints removed is not lost) and its events kept as they are
     recorded (a resume drops the warnings, re-pushes and probes of the steps it redoes from RUN/health.jsonl)."""
-    from slime_search.run_folder import RunFolder
+    from slime_search.run.folder import RunFolder
 
     run = RunFolder(path)
     prune, prune_undone = run.prune_checkpoints, run._prune_undone
@@ -87,7 +90,7 @@ def disk_budget(world: World):
     from dataclasses import replace
 
     from slime_search.disk_budget import disk_budget as product_budget
-    from slime_search.run_folder import RunFolder
+    from slime_search.run.folder import RunFolder
 
     budget = product_budget(world.config, world.week.layout, RunFolder(world.config.run_dir))
     budget = replace(budget, free=world.shape.disk_bytes - budget.on_disk * budget.per_checkpoint)
@@ -102,8 +105,8 @@ def run_week(world: World, argv: list[str]) -> dict:
     """The run, started and restarted by the operator until it ends or a stop the operator cannot fix; returns how it
     ended and the budget printed at its first start."""
     from slime_search.health.guard import RunStopped
-    from slime_search.health.recovery import repeated_stop
-    from slime_search.train import run_steps
+    from slime_search.run.loop import run_steps
+    from slime_search.run.recovery import repeated_stop
 
     budget, ended, starts = None, "done", 0
     while True:
@@ -122,7 +125,7 @@ def run_week(world: World, argv: list[str]) -> dict:
             break
         except RunStopped:
             stop = next(e for e in reversed(world.facts.events) if e["action"] == "stop")
-            final = json.loads((h.run.path / "final.json").read_text())
+            final = json.loads((h.folder.path / "final.json").read_text())
             served = "ended_on" in stop["values"] and stop["rule"] != "disk_full"  # the stop loaded its checkpoint last
             newest = world.facts.newest_before_load if served else world.facts.newest
             world.facts.stops.append({"event": stop, "final": final, "newest": newest})
@@ -153,7 +156,7 @@ def restart(world: World, why: str, after_s: float, h, step: int | None = None) 
     """The same command again, `after_s` later; the judge sees it as the run's `resume` for `why` at `step` (by
     default the step the run was at)."""
     step = world.manager.step if step is None else step
-    world.facts.resumed.append({"why": why, "at_step": step, "newest": h.run.latest_checkpoint()})
+    world.facts.resumed.append({"why": why, "at_step": step, "newest": h.folder.latest_checkpoint()})
     world.note(step, "resume", why)
     world.clock.sleep(after_s)
 
@@ -164,7 +167,7 @@ def operator_fixes(world: World, h, stop: dict, argv: list[str]) -> bool:
     transient = stopped.is_file() and json.loads(stopped.read_text()).get("transient", False)
     named = [url for url in world.bad_hardware if url in stop["message"]]
     if stop["rule"] == "engine_mismatch" and named:
-        from slime_search.health.recovery import repeated_stop
+        from slime_search.run.recovery import repeated_stop
 
         world.facts.stops[-1]["refused"] = repeated_stop(world.config.run_dir, argv) is not None  # the same command
         world.bad_hardware -= set(named)  # the engine's GPU swapped

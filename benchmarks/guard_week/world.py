@@ -29,7 +29,7 @@ class DriverKilled(BaseException):
 
 
 class SimClock:
-    """The run's clock (RunHandles.clock): seconds of simulated time; a sleep passes at once."""
+    """The run's clock (RunParts.clock): seconds of simulated time; a sleep passes at once."""
 
     def __init__(self):
         self.t = 0.0

@@ -1,6 +1,6 @@
 """The engines' configuration, its command-line flags declared as its fields (slime's names where slime has the
 flag). The model, the seed and, colocated, the GPUs and the memory saver are
-derived from other flags by `slime_search.run_config`."""
+derived from other flags by `slime_search.run.config`."""
 
 from __future__ import annotations
 

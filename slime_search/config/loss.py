@@ -1,6 +1,6 @@
 """The loss's configuration, its command-line flags declared as its fields (slime's names; slime's spellings as
 aliases). Fields set from several flags or from the run (the KL weight without --use-kl-loss, the reduction, the
-importance weights, the sampling temperature, the vocabulary) are derived by `slime_search.run_config`."""
+importance weights, the sampling temperature, the vocabulary) are derived by `slime_search.run.config`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The rollout side's configuration: the prompt data, one rollout's shape, the engines' sampling and the plugins,
 their command-line flags declared as the fields (slime's names). The engines, the eval sets and the log folder are
-set by `slime_search.run_config` from other flags."""
+set by `slime_search.run.config` from other flags."""
 
 from __future__ import annotations
 

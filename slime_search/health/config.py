@@ -243,7 +243,7 @@ class HealthConfig:
     engine_serves_policy: bool = True  # False with a demonstrator engine (SFT): no trainer-engine gap to watch
     rewards_grouped: bool = True  # False without reward groups (SFT): no reward signal or drop to watch
     synchronous: bool = True  # False in --async-mode one-step | fully: the engine rules read version lag 0 only, and
-    # the engines are probed every --health-patience steps (health.rules.bounds, health.engine_check)
+    # the engines are probed every --health-patience steps (health.rules.bounds, run.engine_check)
     adapters_from_zero: bool = False  # True with --lora-rank: each adapter's B starts at zero, so A's gradient does too; not from --lora-adapter-path
     # and the first updates' norms measure half the adapters (rising 10-30x over the first steps, docs/lora.md); the
     # gradient-spike yardstick waits for `window` applied steps instead of MIN_NORMS

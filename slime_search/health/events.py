@@ -10,7 +10,7 @@ from typing import Any
 # next evaluations (most falls recover by themselves); the user has nothing to do unless it acts
 # "pause": a fault that passes (the retriever down, a reward service timing out, a full disk) is waited out and the
 # step's rollout (or the save) done again; nothing is trained on what it broke (health.rules.inputs)
-# "probe": the engines' log-probs of the same tokens against the trainer's, right after a push (health.engine_check),
+# "probe": the engines' log-probs of the same tokens against the trainer's, right after a push (run.engine_check),
 # its values each engine's mean gap by address; "restart_engine": an engine that disagreed is started again and pushed
 # the current weights, then probed again (still disagreeing, it stops the run)
 ACTIONS = (
@@ -46,3 +46,12 @@ class Event:
 
 class RunStopped(RuntimeError):
     """The guard stopped the run; the message names the rule, the step and the values."""
+
+
+class Decision(Exception):  # noqa: N818 - a decision, not an error: the loop carries it out (run.loop)
+    """A rollback or a stop the guard decided, on its way to the training loop, which carries both out the same way
+    (Recovery.carry_out: a rollback returns the step to go on from, a stop ends the run with RunStopped)."""
+
+    def __init__(self, event: Event):
+        super().__init__(event.message)
+        self.event = event

@@ -12,7 +12,7 @@ Both by version lag (the trainer's version minus the token's): 0, 1 and 2 or mor
 did not name count in the totals only. A pure function of the batch. The guard's engine rules read the tokens the
 trainer's own weights sampled (health.rules.bounds): every bucket in synchronous mode, lag 0 in asynchronous modes,
 where a gap at lag 1 or more is the policy having moved since, and the engines are probed instead
-(health.engine_check).
+(run.engine_check).
 
 Under --use-mis, the statistics of the weights the loss applies (share masked, mean, extremes, ESS, mismatch KL) come
 from the same two log-probs, so they are computed here over each optimizer step's whole batch: a statistic of a batch

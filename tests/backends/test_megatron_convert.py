@@ -228,7 +228,7 @@ def test_training_builds_the_vocab_padding_a_checkpoint_was_converted_with(tiny_
     import torch.multiprocessing as mp
 
     from slime_search.arguments import parse_args
-    from slime_search.run_config import model_source
+    from slime_search.run.config import model_source
     from slime_search.utils.net import free_port
 
     flags = [*model_args("tiny-qwen2"), "--make-vocab-size-divisible-by", "100"]

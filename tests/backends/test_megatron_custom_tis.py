@@ -192,7 +192,7 @@ def test_an_answer_that_does_not_fit_is_an_error_naming_the_function():
 
 
 def test_the_flag_reaches_the_loss_with_the_flags_and_replaces_vanilla_tis():
-    from slime_search.run_config import actor_config
+    from slime_search.run.config import actor_config
 
     args = parse("--use-tis", "--tis-clip-low", "0.5", "--custom-tis-function-path", FUNCTION)
     config = actor_config(args, vocab_size=100)

@@ -202,7 +202,7 @@ def test_the_default_is_transformer_engine_where_it_runs_else_the_packed_attenti
 
 def test_the_flag_reaches_the_model_options():
     from slime_search.backends.megatron.model import ModelOptions
-    from slime_search.run_config import model_source
+    from slime_search.run.config import model_source
     from tests.test_arguments import parse
 
     assert model_source(parse()).model_overrides["attention_impl"] == "auto"

@@ -1,4 +1,4 @@
-"""The step-throughput benchmark drives the real driver loop (slime_search.train.run_steps) in all three modes: at its
+"""The step-throughput benchmark drives the real driver loop (slime_search.run.loop.run_steps) in all three modes: at its
 smallest size it runs and prints its table, so a change of the driver's interface cannot break it unseen."""
 
 import json

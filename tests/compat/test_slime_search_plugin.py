@@ -70,7 +70,7 @@ def run_slime_plugin(task, checkpoint, engine_url: str, *flags: str, generate: s
     from slime_search.plugins import Plugins
     from slime_search.rollout.data_source import DataSource
     from slime_search.rollout.manager import plugin_args_for, run_rollout, train_batch
-    from slime_search.run_config import rollout_manager_config
+    from slime_search.run.config import rollout_manager_config
 
     root, _ = task
     args = parse_args(

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from local_dense_retriever.launch import RetrievalServerProcess
-from slime_search.run_folder import RunFolder
+from slime_search.run.folder import RunFolder
 from tests.e2e.test_train_e2e import prepare_task, tiny_train_command, wait_for_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -1,5 +1,5 @@
 """The guard and the recovery against engines that disagree with the trainer, through the real driver loop
-(slime_search.train.run_steps), run folder and weight-push path over a simulated actor and two engines (no model):
+(slime_search.run.loop.run_steps), run folder and weight-push path over a simulated actor and two engines (no model):
 an engine off by 1.5 nats that a re-push and a restart do not cure stops the run on its newest checkpoint, naming the
 engine; one a restart cures is restarted and the run goes on; a gap every engine's probe answers for as the policy's
 is never rolled back; and in an asynchronous mode the gap of tokens sampled by older weights warns of nothing while a
@@ -207,15 +207,13 @@ class Push:
 
 
 class Evaluator:
-    manager = None
-
-    def __init__(self, handles, world):
-        self.h, self.world = handles, world
+    def __init__(self, config, world):
+        self.config, self.world = config, world
 
     def results(self, step):
-        from slime_search.eval_beside import EvalResult
+        from slime_search.run.eval_beside import EvalResult
 
-        if not self.h.config.eval_due(step):
+        if not self.config.eval_due(step):
             return []
         return [EvalResult(step, {"eval/score": self.world.accuracy(self.world.trained)}, [], {})]
 
@@ -232,14 +230,14 @@ class Evaluator:
 def run(tmp_path, world: World, steps=20, mode="off", **health):
     from slime_search.evaluation.subsets import EvalSubset
     from slime_search.health.guard import HealthGuard, RunStopped
-    from slime_search.health.recovery import Recovery
     from slime_search.metrics import MetricsSink
     from slime_search.ray.colocation import Colocation
-    from slime_search.rollout.schedule import ScheduleConfig
-    from slime_search.run_config import RunConfig
-    from slime_search.run_folder import RunFolder
-    from slime_search.run_handles import RunHandles
-    from slime_search.train import run_steps
+    from slime_search.rollout.schedule import ScheduleConfig, create_schedule
+    from slime_search.run.config import RunConfig
+    from slime_search.run.folder import RunFolder
+    from slime_search.run.loop import run_steps
+    from slime_search.run.parts import RunParts
+    from slime_search.run.recovery import Recovery
 
     config = RunConfig(
         run_dir=str(tmp_path / "run"), num_rollout=steps, save_interval=5, keep_checkpoints=2, save_hf=False,
@@ -253,16 +251,10 @@ def run(tmp_path, world: World, steps=20, mode="off", **health):
     )  # fmt: skip
     folder = RunFolder(config.run_dir)
     manager, group = Actor(Manager(world)), Group(world)
-    h = RunHandles(
-        config=config,
-        run=folder,
-        sink=MetricsSink(folder.path),
-        group=group,
-        guard=HealthGuard(config.health),
-        manager=manager,
-        transport=Push(world),
-    )
-    h.colocation, h.evaluator = Colocation(False, group, manager), Evaluator(h, world)
+    h = RunParts(
+        config, folder, MetricsSink(folder.path), group, HealthGuard(config.health), manager, Push(world),
+        Colocation(False, group, manager), Evaluator(config, world), create_schedule(config.schedule, manager),
+    )  # fmt: skip
     h.restart_down_engines = lambda: []
     stopped = None
     try:

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from slime_search.health.config import HealthConfig
-from slime_search.health.engine_check import probe_gaps, probe_tokens
 from slime_search.models.tiny_qwen import TinyQwenConfig, save_tiny_checkpoint
+from slime_search.run.engine_check import probe_gaps, probe_tokens
 from slime_search.types import TrainSample
 from slime_search.utils.server_process import ServerProcess
 

@@ -508,7 +508,7 @@ def test_asynchronous_runs_warn_only_on_the_tokens_of_the_weights_the_trainer_ho
     """Both runs' gaps are of tokens sampled one version back (lag 1): the policy moved since, no engine was wrong, and
     the first run ended level with the synchronous one. Asynchronous modes read the tokens of version lag 0 only, so
     neither warns; the same gaps on tokens the trainer's own weights sampled warn, are pushed again after
-    --health-patience steps and never rolled back (the probe of the engines answers them: health.engine_check)."""
+    --health-patience steps and never rolled back (the probe of the engines answers them: run.engine_check)."""
 
     def actions(gaps, key, config):
         guard, events = HealthGuard(config), []

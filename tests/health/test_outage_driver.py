@@ -1,4 +1,4 @@
-"""Faults that pass, through the real driver loop (train.run_steps), guard, recovery and run folder, with the real
+"""Faults that pass, through the real driver loop (run.loop.run_steps), guard, recovery and run folder, with the real
 RolloutManager as a Ray actor generating from a real retriever (the BM25 server on 127.0.0.1) that goes down and comes
 back; the actor's group is simulated (no model) and time runs on a clock of the test's, so a 10-minute outage takes no
 time. A retriever outage is waited out in every --async-mode and the step trained once it is back; one that outlasts
@@ -119,8 +119,6 @@ class FullDisk:
 
 
 class NoEval:
-    manager = None
-
     def results(self, step):
         return []
 
@@ -172,7 +170,7 @@ def world(tmp_path_factory):
 def run_config(run_dir: Path, mode: str, steps: int, health):
     from slime_search.evaluation.subsets import EvalSubset
     from slime_search.rollout.schedule import ScheduleConfig
-    from slime_search.run_config import RunConfig
+    from slime_search.run.config import RunConfig
 
     return RunConfig(
         run_dir=str(run_dir), num_rollout=steps, save_interval=1, keep_checkpoints=0, save_hf=False, eval_interval=0,
@@ -186,30 +184,32 @@ def run_config(run_dir: Path, mode: str, steps: int, health):
 def train(world, run_dir: Path, group, clock, mode="off", steps=3, argv=("--x",), checkpoint_bytes=None, **health):
     """The driver's run: resume from the run folder, run the steps; returns the handles and the stop, if any. The
     manager starts each run at the data position of the run folder (or the file's start). `checkpoint_bytes`: the
-    size of one checkpoint, as start_parts measures it (None: not known)."""
+    size of one checkpoint, as run.parts.open_parts measures it (None: not known)."""
     from slime_search.health.config import HealthConfig
     from slime_search.health.guard import HealthGuard, RunStopped
-    from slime_search.health.recovery import Recovery
     from slime_search.metrics import MetricsSink
     from slime_search.ray.colocation import Colocation
-    from slime_search.run_folder import RunFolder
-    from slime_search.run_handles import RunHandles
-    from slime_search.train import run_steps
+    from slime_search.rollout.schedule import create_schedule
+    from slime_search.run.folder import RunFolder
+    from slime_search.run.loop import run_steps
+    from slime_search.run.parts import RunParts
+    from slime_search.run.recovery import Recovery
 
     world.ray.get(world.manager.load_state_dict.remote({"data": {"epoch": 0, "offset": 0}}))
     config = run_config(run_dir, mode, steps, HealthConfig(**health))
     run = RunFolder(config.run_dir)
-    h = RunHandles(config, run, MetricsSink(run.path), group, HealthGuard(config.health), world.manager, clock=clock)
-    h.checkpoint_bytes = checkpoint_bytes
-    h.colocation, h.evaluator = Colocation(False, group, world.manager), NoEval()
+    h = RunParts(
+        config, run, MetricsSink(run.path), group, HealthGuard(config.health), world.manager, None,
+        Colocation(False, group, world.manager), NoEval(), create_schedule(config.schedule, world.manager),
+        clock=clock, checkpoint_bytes=checkpoint_bytes,
+    )  # fmt: skip
     recovery, stopped = Recovery(h, list(argv)), None
     try:
         run_steps(h, recovery, recovery.resume())
     except RunStopped as err:
         stopped = str(err)
     finally:
-        if h.rollouts is not None:
-            h.rollouts.stop()
+        h.rollouts.stop()
         h.sink.close()
     return h, stopped
 
@@ -232,15 +232,15 @@ def test_a_ten_minute_retriever_outage_is_waited_out_and_the_step_trained_once_i
     assert [r["step"] for r in records] == [0, 1, 2] and len(group.trained) == 3  # every step trained, once
     assert records[0]["health/paused_s"] == 765 and records[0]["health/pauses"] == 6
     assert records[1]["health/paused_s"] == 0 and records[0]["rollout/search_failures"] == 0
-    pauses = [e for e in h.run.events() if e["action"] == "pause"]
+    pauses = [e for e in h.folder.events() if e["action"] == "pause"]
     assert [e["values"][OUTAGE] for e in pauses] == [0, 15, 45, 105, 225, 465]
     assert {(e["step"], e["rule"]) for e in pauses} == {(0, "search_failures")}
     assert world.retriever.url in pauses[0]["message"] and "waiting 15 s and trying again" in pauses[0]["message"]
-    assert not [e for e in h.run.events() if e["action"] in ("skip", "stop", "rollback")]
+    assert not [e for e in h.folder.events() if e["action"] in ("skip", "stop", "rollback")]
     if mode == "off":  # each failed try passed over its batch's prompts; the steps took theirs in the file's order
         taken = [[(2 * k) % PROMPTS, (2 * k + 1) % PROMPTS] for k in range(9)]
         assert group.trained == taken[6:]
-    state = json.loads((h.run.checkpoints / "iter_0000003" / "rollout_state.json").read_text())["data"]
+    state = json.loads((h.folder.checkpoints / "iter_0000003" / "rollout_state.json").read_text())["data"]
     taken_prompts = state["epoch"] * PROMPTS + state["offset"] - len(state["given_back"])
     assert taken_prompts == 9 * BATCH  # 3 steps and 6 failed tries: nothing else was drawn, nothing given back twice
 
@@ -257,15 +257,15 @@ def test_an_outage_past_the_limit_stops_on_the_newest_checkpoint_and_the_same_co
     assert stopped is not None and "past --health-max-outage-hours 0.1" in stopped
     assert "once the retriever behind --search-url answers again" in stopped and "run the same command" in stopped
     assert clock.sleeps == [15, 30, 60, 120, 135] and len(group.trained) == 2
-    [stop] = [e for e in h.run.events() if e["action"] == "stop"]
+    [stop] = [e for e in h.folder.events() if e["action"] == "stop"]
     assert stop["step"] == 2 and stop["values"]["ended_on"] == 2 and stop["values"][OUTAGE] == 360
     assert "the run ends on the checkpoint of step 2 (the newest: the weights are not at fault)" in stop["message"]
-    assert h.guard.policy.stop_target(h.run.checkpoint_steps(), 2) == 0  # where a stop of the policy would go
+    assert h.guard.policy.stop_target(h.folder.checkpoint_steps(), 2) == 0  # where a stop of the policy would go
     final = json.loads((run / "final.json").read_text())
     assert final["step"] == 2 and final["checkpoint"] == "checkpoints/iter_0000002"
     assert json.loads((run / "stopped.json").read_text())["transient"] is True
-    assert h.run.checkpoint_steps() == [0, 1, 2] and h.run.undone_checkpoints() == []
-    from slime_search.health.recovery import repeated_stop
+    assert h.folder.checkpoint_steps() == [0, 1, 2] and h.folder.undone_checkpoints() == []
+    from slime_search.run.recovery import repeated_stop
 
     assert repeated_stop(run, ["--x"]) is None and not (run / "stopped.json").exists()  # the same command goes on
     world.retriever.up()
@@ -300,14 +300,14 @@ def test_a_full_save_disk_is_waited_out_with_nothing_lost(world, tmp_path, fails
     h, stopped = train(world, run, full, clock, steps=3, max_outage_hours=0.1, checkpoint_bytes=10**6)
     assert all(s == (["iter_0000000", "iter_0000001", "latest_checkpointed_iteration.txt"], 1) for s in seen)
     assert not partial_dir(run / "checkpoints", 2).exists()
-    pauses = [e for e in h.run.events() if e["action"] == "pause"]
+    pauses = [e for e in h.folder.events() if e["action"] == "pause"]
     assert pauses and {(e["step"], e["rule"]) for e in pauses} == {(1, "disk_full")}
     assert f"saving the checkpoint of step 2: the disk of --save {run} has no room for it" in pauses[0]["message"]
     assert "one checkpoint needs 0.0 GB, " in pauses[0]["message"]
     assert "GB are free there: free space on that disk, or keep fewer checkpoints" in pauses[0]["message"]
     if fails == 2:
         assert full.left == 0 and stopped is None and clock.sleeps == [15, 30]
-        assert h.run.checkpoint_steps() == [0, 1, 2, 3] and [r["step"] for r in step_records(run)] == [0, 1, 2]
+        assert h.folder.checkpoint_steps() == [0, 1, 2, 3] and [r["step"] for r in step_records(run)] == [0, 1, 2]
         return
     assert stopped is not None and "free space on the disk of --save" in stopped
     stop = json.loads((run / "stopped.json").read_text())
@@ -324,7 +324,7 @@ def test_a_disk_without_room_for_one_checkpoint_is_found_before_the_save_starts(
     h, stopped = train(world, run, group, OutageClock(world.retriever), steps=2, max_outage_hours=0.01,
                        checkpoint_bytes=10**18)  # fmt: skip
     assert group.saved == [] and stopped is not None  # not even the starting weights could be saved
-    [pause, *_, stop] = [e for e in h.run.events() if e["rule"] == "disk_full"]
+    [pause, *_, stop] = [e for e in h.folder.events() if e["rule"] == "disk_full"]
     assert "one checkpoint needs 1000000000.0 GB" in pause["message"] and stop["action"] == "stop"
     assert json.loads((run / "final.json").read_text())["checkpoint"] is None
 

@@ -75,7 +75,7 @@ def test_a_length_warning_that_cannot_escalate_does_not_block_confirmation():
 
 def test_a_lasting_log_prob_gap_is_pushed_again_every_patience_steps_and_never_rolled_back():
     """A gap that survives a verified push is the engine's, which rolling the policy back cannot fix: each
-    --health-patience steps of it are answered by a re-push and the probe of the engines (health.engine_check), and
+    --health-patience steps of it are answered by a re-push and the probe of the engines (run.engine_check), and
     no checkpoint is kept for a rollback it never makes."""
     guard = HealthGuard(HealthConfig(patience=4))
     actions = []

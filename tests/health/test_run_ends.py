@@ -13,13 +13,16 @@ import pytest
 
 from slime_search.evaluation.subsets import ROW_KEY, EvalSubset, UngradedQuestions
 from slime_search.health.config import HealthConfig
+from slime_search.health.events import Decision
 from slime_search.health.guard import BEFORE, Event, HealthGuard, RunStopped
-from slime_search.health.recovery import STOPPED, Recovery
 from slime_search.metrics import MetricsSink
+from slime_search.ray.colocation import Colocation
 from slime_search.ray.train_group import ModelSource
-from slime_search.rollout.schedule import ScheduleConfig
-from slime_search.run_folder import RunFolder
-from slime_search.run_handles import RunHandles
+from slime_search.rollout.schedule import ScheduleConfig, Synchronous
+from slime_search.run.evaluators import InStepEval
+from slime_search.run.folder import RunFolder
+from slime_search.run.parts import RunParts
+from slime_search.run.recovery import STOPPED, Recovery
 from tests.health.test_guard import step_record
 
 pytestmark = pytest.mark.timeout(300)
@@ -125,13 +128,6 @@ class Group:
         self.lr_scales.append(scale)
 
 
-class Idle:
-    """The colocation hand-over and the rollout schedule, where nothing is colocated or streaming."""
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-
 @pytest.fixture(scope="module")
 def manager_actor(ray_session):
     actor = ray_session.remote(GradingManager).options(num_cpus=0, max_concurrency=4).remote()
@@ -157,10 +153,18 @@ def handles(tmp_path, guard, manager=None, ray=None, eval_sets=(), eval_sample=5
         health=guard.config, save_hf=False, eval_timeout=eval_timeout, rollout=rollout,
         schedule=ScheduleConfig(), model=ModelSource("hf"),
     )  # fmt: skip
-    run = RunFolder(tmp_path / "run")
-    h = RunHandles(config, run, MetricsSink(run.path), Group(ray, manager), guard, manager=manager)
-    h.colocation, h.rollouts, h.evaluator = Idle(), Idle(), Idle()
-    return h
+    folder, group = RunFolder(tmp_path / "run"), Group(ray, manager)
+    return RunParts(
+        config, folder, MetricsSink(folder.path), group, guard, manager, None, Colocation(False, group),
+        InStepEval(config, manager), Synchronous(config.schedule, manager),
+    )  # fmt: skip
+
+
+def carried_out(recovery: Recovery, events: list[Event]) -> None:
+    """The stop among `events`, raised by the report to the loop and carried out there, as run.loop.run_steps does."""
+    with pytest.raises(Decision) as decided:
+        recovery.report(events)
+    recovery.carry_out(decided.value.event)
 
 
 def save(run, *steps) -> None:
@@ -183,7 +187,7 @@ def late_fall() -> HealthGuard:
 
 
 def final_json(h) -> dict:
-    return json.loads((h.run.path / "final.json").read_text())
+    return json.loads((h.folder.path / "final.json").read_text())
 
 
 def test_a_late_fall_is_confirmed_on_the_left_out_questions_of_the_sets_that_have_any(ray_session, grading, tmp_path):
@@ -192,7 +196,7 @@ def test_a_late_fall_is_confirmed_on_the_left_out_questions_of_the_sets_that_hav
     eval_sets = (("nq", write_set(tmp_path, "nq", 1000)), ("bamboogle", write_set(tmp_path, "bamboogle", 125)))
     manager = grading(eval_sets)
     h = handles(tmp_path, late_fall(), manager, ray_session, eval_sets)
-    save(h.run, 900, 1000)
+    save(h.folder, 900, 1000)
     Recovery(h).end(1000)
     assert ray_session.get(manager.evaluations.remote()) == [{"nq": 500}, {"nq": 500}]  # the final weights, then 900
     final = final_json(h)
@@ -200,7 +204,7 @@ def test_a_late_fall_is_confirmed_on_the_left_out_questions_of_the_sets_that_hav
     fresh = UngradedQuestions(EvalSubset(size=500), 500).indices("nq", 1000)
     on_final, on_best = (sum(right(row, FRESH_SCORE[v]) for row in fresh) / 500 for v in (1000, 900))
     assert f"on 500 questions the evaluations did not grade {on_final:.3f} against {on_best:.3f}" in final["reason"]
-    assert h.group.loaded == [900] and [e["action"] for e in h.run.events()] == ["end_on_best"]
+    assert h.group.loaded == [900] and [e["action"] for e in h.folder.events()] == ["end_on_best"]
 
 
 def test_with_every_question_graded_somewhere_nothing_is_left_to_confirm_on(ray_session, grading, tmp_path):
@@ -214,7 +218,7 @@ def test_with_every_question_graded_somewhere_nothing_is_left_to_confirm_on(ray_
         guard.review_eval(version, {"eval/score": sum(grades) / len(grades)}, grades)
     assert guard.end_on_best([900, 1000]) is None and guard.end_candidate([900, 1000]) is not None
     h = handles(tmp_path, guard, manager, ray_session, eval_sets)
-    save(h.run, 900, 1000)
+    save(h.folder, 900, 1000)
     Recovery(h).end(1000)
     assert ray_session.get(manager.evaluations.remote()) == [] and h.group.loaded == []
     assert final_json(h) == {"step": 1000, "checkpoint": "checkpoints/iter_0001000", "hf": None,
@@ -231,7 +235,7 @@ def test_a_confirmation_that_fails_or_passes_its_deadline_ends_the_run_on_its_la
     eval_sets = (("nq", write_set(tmp_path, "nq", 100)), ("bamboogle", write_set(tmp_path, "bamboogle", 25)))
     manager = grading(eval_sets, **{fault: 2})
     h = handles(tmp_path, late_fall(), manager, ray_session, eval_sets, eval_sample=50, eval_timeout=4.0)
-    save(h.run, 900, 1000)
+    save(h.folder, 900, 1000)
     started = time.monotonic()
     Recovery(h).end(1000)
     assert time.monotonic() - started < 60
@@ -251,21 +255,21 @@ def guard_after(steps: int) -> HealthGuard:
 
 
 def test_a_stop_on_unusable_rewards_ends_on_a_checkpoint_and_names_it_in_final_json(tmp_path):
-    """A reward plugin's NaNs at step 45 stop the run (a stop raised through `report`, not a rollback budget): it ends
+    """A reward plugin's NaNs at step 45 stop the run (a stop raised through `report` to the loop, not a rollback budget): it ends
     on the checkpoint of step 40, served, with RUN/final.json and RUN/stopped.json; exit code 3 follows RunStopped."""
     guard = guard_after(45)
     h = handles(tmp_path, guard)
-    save(h.run, 0, 20, 40)
+    save(h.folder, 0, 20, 40)
     events = guard.check_rollout(45, {"rollout/samples": 64.0, "rollout/reward_errors": 8.0},
                                  {"reward_error": "reward plugin m.f returned nan"})  # fmt: skip
     with pytest.raises(RunStopped, match="step 45: 8 of 64 rewards were not usable.*ends on the checkpoint of step 40"):
-        Recovery(h, ["--x"]).report(events)
+        carried_out(Recovery(h, ["--x"]), events)
     final = final_json(h)
     assert final["step"] == 40 and final["checkpoint"] == "checkpoints/iter_0000040"
     assert final["reason"] == "stopped by the health guard (reward_errors at step 45)"
-    [stop] = h.run.events()
+    [stop] = h.folder.events()
     assert stop["action"] == "stop" and stop["values"]["ended_on"] == 40.0 and h.group.loaded == [40]
-    assert json.loads((h.run.path / STOPPED).read_text())["event"] == stop
+    assert json.loads((h.folder.path / STOPPED).read_text())["event"] == stop
 
 
 def test_damaged_weights_stop_on_the_last_confirmed_checkpoint_setting_the_newer_aside(tmp_path):
@@ -273,22 +277,22 @@ def test_damaged_weights_stop_on_the_last_confirmed_checkpoint_setting_the_newer
     not seen): the run ends on checkpoint 20 and sets 40 aside, the stop recorded before anything moved."""
     guard = guard_after(41)
     h = handles(tmp_path, guard)
-    save(h.run, 0, 20, 40)
+    save(h.folder, 0, 20, 40)
     with pytest.raises(RunStopped, match="weights are damaged"):
-        Recovery(h).report(guard.check_batch(41, {"health/nonfinite_old_log_probs": 3.0}))
-    assert final_json(h)["step"] == 20 and h.run.latest_checkpoint() == 20 and h.run.checkpoint_steps() == [0, 20]
-    assert [p.parent.name + "/" + p.name for p in h.run.undone_checkpoints()] == ["001-stop-at-step-41/iter_0000040"]
-    [stop] = h.run.events()
+        carried_out(Recovery(h), guard.check_batch(41, {"health/nonfinite_old_log_probs": 3.0}))
+    assert final_json(h)["step"] == 20 and h.folder.latest_checkpoint() == 20 and h.folder.checkpoint_steps() == [0, 20]
+    assert [p.parent.name + "/" + p.name for p in h.folder.undone_checkpoints()] == ["001-stop-at-step-41/iter_0000040"]
+    [stop] = h.folder.events()
     assert "the checkpoints of steps [40] are kept in" in stop["message"] and h.group.loaded == [20]
 
 
 def test_a_stop_before_any_checkpoint_names_the_unsaved_weights(tmp_path):
     h = handles(tmp_path, guard_after(0))
     with pytest.raises(RunStopped, match="rewards were not usable"):
-        Recovery(h).report(h.guard.check_rollout(0, {"rollout/samples": 8.0, "rollout/reward_errors": 2.0}, {}))
+        carried_out(Recovery(h), h.guard.check_rollout(0, {"rollout/samples": 8.0, "rollout/reward_errors": 2.0}, {}))
     final = final_json(h)
     assert final["step"] == 0 and final["checkpoint"] is None and final["reason"].endswith("no checkpoint holds them")
-    assert not h.run.checkpoints.exists() and h.group.loaded == []
+    assert not h.folder.checkpoints.exists() and h.group.loaded == []
 
 
 @pytest.mark.parametrize("crash_in", ["record_events", "rewind_to"])
@@ -298,11 +302,11 @@ def test_a_rollback_cut_short_by_a_crash_is_finished_by_the_resume(
     """The rollback at step 64 back to checkpoint 40 crashes after it was written down: before its event is recorded,
     or between the record and the move. Started again, the run finishes it: the event recorded once, the tracker on
     40, checkpoint 60 set aside, the guard's rollback count and remedy as after a rollback that went through."""
-    import slime_search.run_folder as run_folder
+    import slime_search.run.folder as run_folder
 
     manager = grading(())
     h = handles(tmp_path, guard_after(65), manager, ray_session)
-    save(h.run, 0, 20, 40, 60)
+    save(h.folder, 0, 20, 40, 60)
     rollback = Event(64, "rollback", "reward_drop", "reward fell", {BEFORE: 45.0})
     real = getattr(RunFolder if crash_in == "record_events" else run_folder, crash_in)
     with monkeypatch.context() as patch:
@@ -317,23 +321,21 @@ def test_a_rollback_cut_short_by_a_crash_is_finished_by_the_resume(
         with pytest.raises(OSError, match="node went down"):
             Recovery(h).roll_back(rollback)
     assert getattr(RunFolder if crash_in == "record_events" else run_folder, crash_in) is real
-    assert h.run.latest_checkpoint() == 60  # nothing moved yet
+    assert h.folder.latest_checkpoint() == 60  # nothing moved yet
     again = handles(tmp_path, HealthGuard(HealthConfig()), manager, ray_session)
     assert Recovery(again).resume() == 40
-    done = [e for e in again.run.events() if e["action"] == "rollback"]
+    done = [e for e in again.folder.events() if e["action"] == "rollback"]
     assert len(done) == 1 and done[0]["values"]["to_step"] == 40.0 and done[0]["attempt"] == 1
-    assert again.run.checkpoint_steps() == [0, 20, 40] and again.run.latest_checkpoint() == 40
-    assert [p.parent.name + "/" + p.name for p in again.run.undone_checkpoints()] == [
+    assert again.folder.checkpoint_steps() == [0, 20, 40] and again.folder.latest_checkpoint() == 40
+    assert [p.parent.name + "/" + p.name for p in again.folder.undone_checkpoints()] == [
         "001-rollback-at-step-64/iter_0000060"
     ]
     assert again.guard.rollbacks == 1 and again.group.lr_scales == [0.5] and again.group.loaded == [40]
-    assert not (again.run.undone / "pending.json").exists()
-    assert again.run.plan_set_aside(20, "later").name == "002-later"  # numbers go on from the last one taken
+    assert not (again.folder.undone / "pending.json").exists()
+    assert again.folder.plan_set_aside(20, "later").name == "002-later"  # numbers go on from the last one taken
 
 
 def test_an_evaluation_inside_the_step_that_never_answers_ends_the_wait_naming_the_flag(ray_session, grading, tmp_path):
-    from slime_search.evaluators import InStepEval
-
     eval_sets = (("nq", write_set(tmp_path, "nq", 40)),)
     manager = grading(eval_sets, hang_at=1)
     h = handles(tmp_path, guard_after(0), manager, ray_session, eval_sets, eval_timeout=2.0)
@@ -341,5 +343,5 @@ def test_an_evaluation_inside_the_step_that_never_answers_ends_the_wait_naming_t
     h.config.log_rollout_examples = 0
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"version 25 \(40 questions\) had no result within 2 s \(--eval-timeout\)"):
-        InStepEval(h).results(25)
+        InStepEval(h.config, manager).results(25)
     assert 2.0 <= time.monotonic() - started < 30

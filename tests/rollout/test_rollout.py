@@ -116,7 +116,7 @@ def test_each_trajectory_gets_a_sampling_seed_of_its_own_from_the_runs_base():
     run): its draws then do not depend on how requests are batched. Greedy (evaluation) parameters carry none."""
     import argparse
 
-    from slime_search.run_config import sampling_params
+    from slime_search.run.config import sampling_params
 
     seen: dict[int, dict] = {}
 

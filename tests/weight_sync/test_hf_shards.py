@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from megatron_bridge.hf_io import copy_hf_files, read_hf_state, save_hf_shards
 from megatron_bridge.qwen import ModelShape, hf_to_megatron
-from slime_search.run_folder import RunFolder
+from slime_search.run.folder import RunFolder
 
 
 def test_buckets_become_shards_and_an_index_that_from_pretrained_reads(tiny_checkpoint, tmp_path):

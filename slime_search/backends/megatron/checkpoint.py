@@ -346,7 +346,7 @@ def save_actor(actor, root: str | Path, iteration: int, extra_files: dict[str, s
     def write() -> None:
         # a shard that fails to write fails the save on every rank (torch_dist agrees on it); the one file it writes
         # before agreeing on anything, rank 0's common state, meets a full disk only where the driver's check of the
-        # room before the save (RunHandles.save) did not see it coming
+        # room before the save (RunParts.save) did not see it coming
         _save_model_files(actor.model.module, folder)
         if hasattr(actor.optimizer, "state_dict"):
             state = actor.optimizer.state_dict()  # on every rank: references, no copy; refused alike where unsupported

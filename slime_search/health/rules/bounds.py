@@ -18,7 +18,7 @@ versions back differs from the trainer's log-prob because the policy moved since
 the whole batch, the miniature's one-step and fully runs of seed 9 warned 6 times each, gaps 0.11-1.30, while the probe
 found their engines within 1.4e-7 of the trainer: docs/benchmarks/health.md). In synchronous mode every token is the
 current weights'; in asynchronous modes those of version lag 0 (after step 0 the miniature's batches had none in
-either mode), and the engines are probed every --health-patience steps instead (health.engine_check).
+either mode), and the engines are probed every --health-patience steps instead (run.engine_check).
 """
 
 from __future__ import annotations

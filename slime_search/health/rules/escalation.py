@@ -2,7 +2,7 @@
 
     repush    a trainer-engine mismatch (the log-prob gap, or importance weights beyond the cap, of the tokens sampled
               by the weights the trainer holds) held --health-patience steps: the weights are pushed to the engines
-              again and the engines are probed against the trainer (health.engine_check): an engine that disagrees
+              again and the engines are probed against the trainer (run.engine_check): an engine that disagrees
               is restarted, and stops the run if it still does; when every engine agrees the gap is the policy's
               (or the re-push cured it). Either way no rollback: a gap that survives a verified push is the engine's,
               which rolling the policy back cannot fix. A mismatch that holds on is pushed again (and probed) every

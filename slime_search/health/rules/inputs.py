@@ -15,10 +15,10 @@ the wrong thing, and wait out what is only passing.
 A pause waits `backoff_s(n)` before the n-th retry of one continuous fault: 15 s, doubling to 5 minutes. A blip costs
 15 s; a retriever restart (minutes: the index loads again) is met within 5 minutes of its return, a delay of a few of
 the 3B recipe's 1-2 minute steps; a 6-hour outage costs about 75 retries, each a rollout that fails within its searches'
-own retries. The fault's duration is measured on the run's clock (`RunHandles.clock`), from the first failed try to
+own retries. The fault's duration is measured on the run's clock (`RunParts.clock`), from the first failed try to
 the try at hand; a try that succeeds ends it, and the next fault starts afresh. Past --health-max-outage-hours the run
 stops, on its newest checkpoint (the weights are not at fault), and the same command resumes it (the fault may be
-gone; slime_search.health.recovery).
+gone; slime_search.run.recovery).
 
 These apply with the guard on or off.
 """

@@ -4,26 +4,32 @@
     pending_versions()  the versions whose result is still to come (pruning keeps their checkpoints)
     metrics()       what goes into every step's record about the evaluator
     rolled_back(k)  the run continues from step k: evaluations of undone versions are dropped
-    manager         the RolloutManager actor it owns (stopped at the end), or None
 
 InStepEval: the rollout engines evaluate a version when it falls due (--eval-interval) and the step waits for it,
 within the deadline of --eval-timeout (by default sized from the questions graded); past it the run ends with an error
 (a stuck engine or manager is not waited on for good; run again, the run resumes from its last checkpoint).
-BesideEval (--eval-engine): an engine of its own evaluates beside training (slime_search.eval_beside.EvalBeside); the
-step pays for writing the weights only, and a result is reviewed when it arrives.
+BesideEval (--eval-engine): an engine of its own evaluates beside training (slime_search.run.eval_beside.EvalBeside,
+started by run.parts.start_beside); the step pays for writing the weights only, and a result is reviewed when it
+arrives.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
-from slime_search.eval_beside import EvalResult
+from slime_search.run.eval_beside import EvalResult
+
+if TYPE_CHECKING:
+    from slime_search.ray.colocation import Colocation
+    from slime_search.run.config import RunConfig
+    from slime_search.run.protocols import EvaluationsBeside, RemoteManager
 
 logger = logging.getLogger(__name__)
 
 
-def eval_deadline(config) -> tuple[float, int]:
+def eval_deadline(config: RunConfig) -> tuple[float, int]:
     """(seconds one evaluation of the run may take, the questions it grades): --eval-timeout, else sized from them."""
     from slime_search.evaluation.flags import eval_deadline_s
     from slime_search.rollout.manager import evaluation_sizes
@@ -33,25 +39,23 @@ def eval_deadline(config) -> tuple[float, int]:
 
 
 class InStepEval:
-    manager = None  # the rollout engines evaluate: nothing of its own to stop
-
-    def __init__(self, handles):
-        self.h = handles
+    def __init__(self, config: RunConfig, manager: RemoteManager):
+        self.config = config
+        self.manager = manager
         self.deadline: tuple[float, int] | None = None  # eval_deadline, once an evaluation is due
 
     def results(self, step: int) -> list[EvalResult]:
         from slime_search.rollout.progress import wait_with_progress
 
-        h = self.h
-        if not h.config.eval_due(step):
+        if not self.config.eval_due(step):
             return []
         if self.deadline is None:
-            self.deadline = eval_deadline(h.config)
+            self.deadline = eval_deadline(self.config)
         deadline_s, questions = self.deadline
         started = time.perf_counter()
-        evaluation = h.manager.evaluate.remote(h.config.log_rollout_examples)
+        evaluation = self.manager.evaluate.remote(self.config.log_rollout_examples)
         try:
-            metrics, shown = wait_with_progress(h.manager, evaluation, "eval", deadline_s)
+            metrics, shown = wait_with_progress(self.manager, evaluation, "eval", deadline_s)
         except TimeoutError:
             raise TimeoutError(
                 f"the evaluation of version {step} ({questions} questions) had no result within {deadline_s:.0f} s "
@@ -71,49 +75,21 @@ class InStepEval:
 
 
 class BesideEval:
-    def __init__(self, handles, beside):
-        self.h = handles
+    def __init__(self, config: RunConfig, colocation: Colocation, beside: EvaluationsBeside):
+        self.config = config
+        self.colocation = colocation
         self.beside = beside
         self.handover_s = 0.0
-
-    @classmethod
-    def start(cls, handles, args) -> BesideEval:
-        """The evaluator's RolloutManager with its engine, started now; a failed one is replaced by a new one."""
-        from slime_search.eval_beside import EvalBeside
-        from slime_search.ray.placement import create_eval_manager
-
-        config = handles.config
-
-        def new_evaluator():
-            return create_eval_manager(config.eval_engine, args, handles.group)
-
-        deadline_s, questions = eval_deadline(config)
-        logger.info("evaluation beside training: %d questions, each evaluation within %.0f s", questions, deadline_s)
-        beside = EvalBeside(
-            new_evaluator(),
-            handles.group,
-            handles.run.path,
-            config.weight_sync,
-            config.log_rollout_examples,
-            timeout_s=deadline_s,
-            restart=new_evaluator,
-        )
-        return cls(handles, beside)
-
-    @property
-    def manager(self):
-        return self.beside.evaluator
 
     def results(self, step: int) -> list[EvalResult]:
         """A due version's weights go to the evaluator (the colocated actor's weights must be on its device to be
         written); the results that arrived come back, and at the end all of them (each within its deadline)."""
-        h = self.h
         self.handover_s = 0.0
-        if h.config.eval_due(step):
-            h.colocation.for_weight_push()
+        if self.config.eval_due(step):
+            self.colocation.for_weight_push()
             self.handover_s = self.beside.submit(step)
-            h.colocation.for_generation()
-        return self.beside.collect(wait=step >= h.config.num_rollout)
+            self.colocation.for_generation()
+        return self.beside.collect(wait=step >= self.config.num_rollout)
 
     def pending_versions(self) -> set[int]:
         return self.beside.pending_versions()

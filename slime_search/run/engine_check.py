@@ -16,7 +16,7 @@ What follows:
                           sampled by older weights), or the re-push cured it; no rollback, the count begins afresh
                           (a probe due by the clock that agrees is no event: it logs at info)
     an engine disagrees   it is restarted on its address as a dead engine is (RolloutManager.restart_engine, then
-                          RunHandles.engines_back), pushed the current weights and probed again; if it still disagrees,
+                          RunParts.engines_back), pushed the current weights and probed again; if it still disagrees,
                           or cannot be restarted (colocated; or not started by this run), the run stops naming it, on
                           the newest kept checkpoint: the policy is not at fault
 
@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import NoReturn
 
-from slime_search.health.events import Event
+from slime_search.health.events import Decision, Event
 
 logger = logging.getLogger(__name__)
 
@@ -160,9 +161,9 @@ class EngineCheck:
             ray.get(h.manager.continue_generation.remote())
         logger.info("engines %s restarted and pushed version %d; the engines serve version %s", back, version, served)
 
-    def stop(self, step: int, wrong: dict[str, float], why: str) -> None:
+    def stop(self, step: int, wrong: dict[str, float], why: str) -> NoReturn:
         """The run stops naming the engines that disagree, on the newest kept checkpoint (the weights are not at
-        fault)."""
+        fault): a stop raised to the loop, which carries it out."""
         names = ", ".join(f"{url} (mean gap {gap:.3g} per token)" for url, gap in wrong.items())
         message = f"step {step}: engine(s) {names} disagree with the trainer on the probe {why}"
-        self.recovery.stop(Event(step, "stop", RULE, message, wrong))
+        raise Decision(Event(step, "stop", RULE, message, wrong))

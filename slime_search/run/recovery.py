@@ -21,14 +21,17 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import replace
+from typing import TYPE_CHECKING, NoReturn
 
-from slime_search.health.events import OUTAGE
+from slime_search.health.events import OUTAGE, Decision
 from slime_search.health.guard import ACTIONS, BEFORE, Event, RunStopped
 from slime_search.health.remedy import lr_scale, remedied_schedule
+from slime_search.run.folder import STOPPED
+
+if TYPE_CHECKING:
+    from slime_search.run.parts import RunParts
 
 logger = logging.getLogger(__name__)
-
-STOPPED = "stopped.json"  # RUN/stopped.json: a stop's command, event and advice (RunFolder.record_stop)
 
 STOP_EXIT_CODE = 3
 ADVICE = {  # what to change before running a stopped run again, by the rule that stopped it
@@ -54,7 +57,7 @@ PASSING_ADVICE = {  # what to do after a stop of a fault that passes: the same c
     "the same command: it resumes",
 }
 # stops by what the steps were given or where they are saved, or by an engine that disagrees with the trainer's
-# weights (health.engine_check): the weights are not at fault, the run ends on its newest checkpoint (a stop by any
+# weights (run.engine_check): the weights are not at fault, the run ends on its newest checkpoint (a stop by any
 # other rule ends on the best checkpoint from before the trouble)
 INPUT_RULES = frozenset({"search_failures", "reward_errors", "stop_run", "disk_full", "engine_mismatch"})
 ROLLBACK_ADVICE = (
@@ -107,12 +110,12 @@ def repeated_stop(run_dir, argv: list[str]) -> str | None:
 
 
 class Recovery:
-    """The guard's decisions, carried out on the run's handles (slime_search.run_handles.RunHandles)."""
+    """The guard's decisions, carried out on the run's parts (run.parts.RunParts)."""
 
-    def __init__(self, handles, argv: list[str] | None = None):
-        from slime_search.health.engine_check import EngineCheck
+    def __init__(self, parts: RunParts, argv: list[str] | None = None):
+        from slime_search.run.engine_check import EngineCheck
 
-        self.h = handles
+        self.h = parts
         self.argv = argv or []
         self.lr_scale = 1.0
         self.engines = EngineCheck(self)  # the re-push, the probe of the engines and what follows from it
@@ -123,7 +126,7 @@ class Recovery:
         leaves them in RUN/weights)."""
         h = self.h
         h.colocation.for_training()
-        h.group.load(str(h.run.checkpoints), steps_done)
+        h.group.load(str(h.folder.checkpoints), steps_done)
         if h.transport is not None:
             h.colocation.for_weight_push()
             h.transport.push(str(steps_done))
@@ -134,11 +137,11 @@ class Recovery:
         import ray
 
         h = self.h
-        state = h.run.rollout_state(steps_done)
+        state = h.folder.rollout_state(steps_done)
         self.serve_checkpoint(steps_done)
         ray.get(h.manager.load_state_dict.remote(state))
         h.sink.drop_from(steps_done)
-        h.run.drop_examples_from(steps_done)
+        h.folder.drop_examples_from(steps_done)
 
     def resume(self) -> int:
         """Continue after the last complete checkpoint of the run folder, if any; returns the next step. The guard
@@ -146,58 +149,69 @@ class Recovery:
         import ray
 
         h = self.h
-        finished = h.run.finish_set_aside()  # a rollback or stop a crash cut short, recorded: done now
+        finished = h.folder.finish_set_aside()  # a rollback or stop a crash cut short, recorded: done now
         if finished is not None:
             logger.warning(
                 "finished setting the checkpoints of steps %s aside (%s)", list(finished.moving), finished.name
             )
-        done = h.run.latest_checkpoint()
-        h.guard.rollback_steps, h.guard.rollback_targets = h.run.rollback_steps(), h.run.rollback_targets()
-        h.run.record_resume(done or 0, h.guard.rollbacks)
+        done = h.folder.latest_checkpoint()
+        h.guard.rollback_steps, h.guard.rollback_targets = h.folder.rollback_steps(), h.folder.rollback_targets()
+        h.folder.record_resume(done or 0, h.guard.rollbacks)
         if h.guard.rollbacks:  # the timeline it resumes on samples as it did
             ray.get(h.manager.set_sampling_attempt.remote(h.guard.rollbacks))
         self.follow_remedy(done or 0)
         if done is None:
             # a run killed before its first checkpoint starts again from step 0: its records would be duplicated
-            dropped = h.sink.drop_from(0) + h.run.drop_examples_from(0) + h.run.drop_events_from(0, h.guard.rollbacks)
+            dropped = (
+                h.sink.drop_from(0) + h.folder.drop_examples_from(0) + h.folder.drop_events_from(0, h.guard.rollbacks)
+            )
             if dropped:
-                logger.info("no checkpoint in %s: dropped %d records of an earlier attempt", h.run.path, dropped)
+                logger.info("no checkpoint in %s: dropped %d records of an earlier attempt", h.folder.path, dropped)
             if h.config.model.needs_first_push and h.transport is not None:
                 h.colocation.for_weight_push()
                 h.transport.push("0")
             return 0
         self.restore(done)
-        h.run.drop_events_from(done, h.guard.rollbacks)
-        h.guard.replay(h.sink.read(), h.guard.rollback_steps, h.run.eval_grades(), h.guard.rollback_targets)
+        h.folder.drop_events_from(done, h.guard.rollbacks)
+        h.guard.replay(h.sink.read(), h.guard.rollback_steps, h.folder.eval_grades(), h.guard.rollback_targets)
         logger.info("resumed after step %d", done)
         return done
 
     # ---- the guard's decisions -------------------------------------------------------------------------------------
     def report(self, events: list[Event]) -> list[Event]:
-        """The guard's events: logged, recorded in RUN/health.jsonl; a stop ends the run here (`stop`)."""
+        """The guard's events: logged, recorded in RUN/health.jsonl; a stop among them is raised to the loop (a
+        Decision), which carries it out (`carry_out`)."""
         stop = next((event for event in events if event.action == "stop"), None)
         others = [event for event in events if event is not stop]
         log_events(others)
-        self.h.run.record_events([event.record(self.h.guard.rollbacks) for event in others])
+        self.h.folder.record_events([event.record(self.h.guard.rollbacks) for event in others])
         if stop is not None:
-            self.stop(stop)
+            raise Decision(stop)
         return list(events)
+
+    def carry_out(self, event: Event) -> int:
+        """A decision that reached the loop: a rollback returns the step to go on from; a stop ends the run."""
+        if event.action == "stop":
+            self.stop(event)
+        if event.action != "rollback":
+            raise ValueError(f"the loop carries out rollbacks and stops, not {event.action!r}: {event.message}")
+        return self.roll_back(event)
 
     def record_eval(self, result, step: int) -> Event | None:
         """A held-out evaluation, recorded under the version it evaluated (at step `step`, later when it ran beside
-        training) and reviewed by the guard; returns the rollback it calls for, if any."""
+        training) and reviewed by the guard; returns the rollback it calls for, if any (a stop is raised)."""
         from slime_search.rollout.evaluation import GRADES
 
         h = self.h
         metrics = dict(result.metrics)
         grades = metrics.pop(GRADES, None)  # per question, in the eval set's order: kept apart from the metrics
         if grades is not None:
-            h.run.record_grades(result.version, grades)
+            h.folder.record_grades(result.version, grades)
         record = {**metrics, **result.record, "weight_version": result.version}
         h.sink.log(result.version, {**record, "eval/lag_steps": step - result.version})
-        h.run.record_examples(result.version, "eval", result.shown)
+        h.folder.record_examples(result.version, "eval", result.shown)
         events = [self.name_target(event) for event in h.guard.review_eval(result.version, metrics, grades)]
-        return first_rollback(self.report(events))
+        return next((event for event in self.report(events) if event.action == "rollback"), None)
 
     def name_target(self, event: Event) -> Event:
         """A watched held-out fall, with the checkpoint a rollback would go back to now: the rollback policy's choice
@@ -205,13 +219,13 @@ class Recovery:
         that version leaves its checkpoint unconfirmed)."""
         if event.action != "watch" or BEFORE not in event.values:
             return event
-        target = self.h.guard.rollback_target(self.h.run.checkpoint_steps(), int(event.values[BEFORE]))
+        target = self.h.guard.rollback_target(self.h.folder.checkpoint_steps(), int(event.values[BEFORE]))
         where = "no checkpoint qualifies yet" if target is None else f"the checkpoint of step {target}"
         return replace(event, message=f"{event.message}; a rollback now would go back to {where}")
 
     def repush(self, version: int) -> None:
         """The engines served other weights than the trainer's, or seemed to: push the current ones again (each
-        transport checks the version the engines then serve); the probe follows (health.engine_check)."""
+        transport checks the version the engines then serve); the probe follows (run.engine_check)."""
         h = self.h
         if h.transport is None:
             return
@@ -222,14 +236,13 @@ class Recovery:
     def roll_back(self, event: Event) -> int:
         """Back to the newest checkpoint that stayed healthy before the trouble began, with the remedy of one more
         recent rollback; returns the step to continue from. Stops the run (ending on the best checkpoint from before
-        the trouble) when the budget of recent rollbacks is spent or no checkpoint qualifies."""
+        the trouble) when the budget of recent rollbacks is spent or no checkpoint qualifies. The loop starts the
+        rollouts again from the returned step, with the remedy's schedule (RunParts.start_rollouts)."""
         import ray
-
-        from slime_search.rollout.schedule import create_schedule
 
         h = self.h
         before = int(event.values.get(BEFORE, event.step))
-        kept = h.run.checkpoint_steps()
+        kept = h.folder.checkpoint_steps()
         target = h.guard.rollback_target(kept, before)
         passed_over = target != h.guard.policy.target(kept, before)
         if not h.guard.rollback_left(event.step):
@@ -238,7 +251,7 @@ class Recovery:
         if target is None:
             self.stop(event, f"no checkpoint at or before step {before} stayed healthy to roll back to", before)
         h.rollouts.stop()
-        plan = h.run.plan_set_aside(target, f"rollback-at-step-{event.step}")
+        plan = h.folder.plan_set_aside(target, f"rollback-at-step-{event.step}")
         h.guard.rolled_back(target, event.step)
         schedule = remedied_schedule(h.config.schedule, h.guard.rollbacks)
         self.follow_remedy(target)
@@ -248,19 +261,19 @@ class Recovery:
         if passed_over:
             message += "; the checkpoint a recent rollback went back to was passed over: the trouble came back from it"
         if plan.moving:
-            message += f"; the checkpoints of steps {list(plan.moving)} it undid are kept in {h.run.undone / plan.name}"
+            message += (
+                f"; the checkpoints of steps {list(plan.moving)} it undid are kept in {h.folder.undone / plan.name}"
+            )
         values = {"to_step": float(target), "lr_scale": self.lr_scale, "max_staleness": float(schedule.staleness)}
         done = Event(event.step, "rollback", event.rule, message, {**values, "set_aside": float(len(plan.moving))})
         log_events([done])
-        h.run.carry_out(plan, done.record(h.guard.rollbacks))  # recorded first, then moved
+        h.folder.carry_out(plan, done.record(h.guard.rollbacks))  # recorded first, then moved
         self.restore(target)
         ray.get(h.manager.set_sampling_attempt.remote(h.guard.rollbacks))  # the redone steps draw afresh
-        h.rollouts = create_schedule(schedule, h.manager)
-        h.rollouts.start(target)
         h.evaluator.rolled_back(target)
         return target
 
-    def stop(self, event: Event, why: str | None = None, before: int | None = None) -> None:
+    def stop(self, event: Event, why: str | None = None, before: int | None = None) -> NoReturn:
         """The run ends on the best checkpoint from before the trouble (RollbackPolicy.stop_target; the trouble began
         after `before`, by default the event's own bound or step), the newer ones set aside so that a resume starts
         there; a stop of INPUT_RULES (the weights are not at fault) on the newest checkpoint. The stop is recorded
@@ -269,17 +282,18 @@ class Recovery:
         message, values = event.message if why is None else f"{event.message}; {why}", dict(event.values)
         before = int(event.values.get(BEFORE, event.step)) if before is None else before
         inputs = event.rule in INPUT_RULES
-        ending = h.run.latest_checkpoint() if inputs else h.guard.policy.stop_target(h.run.checkpoint_steps(), before)
+        ending = (
+            h.folder.latest_checkpoint() if inputs else h.guard.policy.stop_target(h.folder.checkpoint_steps(), before)
+        )
         plan = None
         if ending is not None:
-            if h.rollouts is not None:
-                h.rollouts.stop()
-            plan = h.run.plan_set_aside(ending, f"stop-at-step-{event.step}")
+            h.rollouts.stop()
+            plan = h.folder.plan_set_aside(ending, f"stop-at-step-{event.step}")
             message += f"; the run ends on the checkpoint of step {ending}"
             if inputs:
                 message += " (the newest: the weights are not at fault)"
             if plan.moving:
-                message += f" (the checkpoints of steps {list(plan.moving)} are kept in {h.run.undone / plan.name})"
+                message += f" (the checkpoints of steps {list(plan.moving)} are kept in {h.folder.undone / plan.name})"
             values["ended_on"] = float(ending)
         else:
             message += (
@@ -290,13 +304,13 @@ class Recovery:
         log_events([stop])
         passing = passing_stop(stop)
         # the same command again refuses from here on, unless the fault passes
-        h.run.record_stop(self.argv, record, advice(stop.rule, passing), transient=passing)
+        h.folder.record_stop(self.argv, record, advice(stop.rule, passing), transient=passing)
         if plan is not None:
-            h.run.carry_out(plan, record)  # recorded first, then moved
+            h.folder.carry_out(plan, record)  # recorded first, then moved
         else:
-            h.run.record_events([record])
+            h.folder.record_events([record])
         reason = f"stopped by the health guard ({event.rule} at step {event.step})"
-        h.run.record_final(ending, reason, h.config.save_hf, at_step=event.step)
+        h.folder.record_final(ending, reason, h.config.save_hf, at_step=event.step)
         if ending is not None and stop.rule != "disk_full":  # a full disk could not take the engines' copy
             self.serve_checkpoint(ending)
         raise RunStopped(f"{stop.message} (to go on: {advice(stop.rule, passing)})")
@@ -319,7 +333,7 @@ class Recovery:
         weights, and final.json says so. The later checkpoints stay: the records and a resume with more rollouts
         continue from the last."""
         h = self.h
-        checkpoints = h.run.checkpoint_steps()
+        checkpoints = h.folder.checkpoint_steps()
         event, why_last, served = h.guard.end_on_best(checkpoints), "the last step", False
         candidate = h.guard.end_candidate(checkpoints) if event is None else None
         if candidate is not None:
@@ -333,12 +347,12 @@ class Recovery:
                 logger.warning("health: %s", why_last)
             served = event is not None  # the confirmation left the checkpoint served
         if event is None:
-            h.run.record_final(steps_done, why_last, h.config.save_hf)
+            h.folder.record_final(steps_done, why_last, h.config.save_hf)
             return
         target = int(event.values["ended_on"])
         if not served:
             self.serve_checkpoint(target)
-        h.run.record_final(target, f"the best held-out evaluation: {event.message}", h.config.save_hf)
+        h.folder.record_final(target, f"the best held-out evaluation: {event.message}", h.config.save_hf)
         self.report([event])
 
     def fresh_questions(self):
@@ -415,14 +429,10 @@ def log_events(events: list[Event]) -> None:
         log("health %s (%s): %s", event.action, event.rule, event.message)
 
 
-def first_rollback(events: list[Event]) -> Event | None:
-    return next((event for event in events if event.action == "rollback"), None)
-
-
 def event_counts(events, guard, step: int) -> dict[str, float]:
     """Every kind of decision of the step, counted in its record, and the rollbacks done and still recent."""
     # a watch comes from a held-out evaluation, recorded under the version it evaluated, never from a step; a probe and
-    # an engine's restart follow the step's record (health.engine_check): lines of health.jsonl, not counts
+    # an engine's restart follow the step's record (run.engine_check): lines of health.jsonl, not counts
     uncounted = ("watch", "probe", "restart_engine")
     counts = {f"health/{a}s": float(sum(e.action == a for e in events)) for a in ACTIONS if a not in uncounted}
     return {

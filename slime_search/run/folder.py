@@ -29,7 +29,6 @@ from slime_search.backends.megatron.checkpoint import (
     rewind_to,
     saved_iterations,
 )
-from slime_search.health.recovery import STOPPED
 from slime_search.utils.records import append_records, keep_records_before, read_records, write_records
 
 LASTING_ACTIONS = ("rollback", "stop", "resume")  # guard events that survive a resume
@@ -38,8 +37,9 @@ UNDONE = "undone"
 LAST_NUMBER = "last_number.txt"  # in checkpoints/undone/: the number of the newest set-aside folder, never lowered
 PENDING = "pending.json"  # in checkpoints/undone/: a set-aside written down and not yet carried out
 FINAL = "final.json"
-
+STOPPED = "stopped.json"  # a stop's command, event and advice (RunFolder.record_stop; run.recovery.repeated_stop)
 ROLLOUT_STATE = "rollout_state.json"
+
 logger = logging.getLogger(__name__)
 
 

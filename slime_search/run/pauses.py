@@ -1,7 +1,7 @@
 """Faults that pass, waited out by the driver: a step's rollout whose searches or rewards failed for one (the retriever
 down, a reward service timing out) is done again, and a checkpoint the --save disk had no room for is saved again, each
 after the wait the guard's pause names (health.rules.inputs: 15 s doubling to 5 minutes, --health-max-outage-hours of
-one fault in all, then a stop). Every wait goes through the run's clock (`RunHandles.clock`), so a simulation runs an
+one fault in all, then a stop). Every wait goes through the run's clock (`RunParts.clock`), so a simulation runs an
 outage in no time.
 
 The data position: each try draws fresh prompts, and those of a failed try's batch are passed over, as a skipped
@@ -17,15 +17,21 @@ from __future__ import annotations
 
 import logging
 import shutil
+from typing import TYPE_CHECKING
 
 from slime_search.health.rules.inputs import RETRY_IN
 from slime_search.utils.faults import disk_full_error
 
+if TYPE_CHECKING:
+    from slime_search.health.events import Event
+    from slime_search.run.parts import RunParts
+    from slime_search.run.recovery import Recovery
+
 logger = logging.getLogger(__name__)
 
 
-def usable_rollout(h, recovery, step: int):
-    """The step's batch, the guard's events on it (reported: a stop ends the run here) and the seconds spent waiting
+def usable_rollout(h: RunParts, recovery: Recovery, step: int):
+    """The step's batch, the guard's events on it (reported: a stop is raised to the loop) and the seconds spent waiting
     out passing faults before it came (the pauses' events come first in the list)."""
     import ray
 
@@ -44,7 +50,7 @@ def usable_rollout(h, recovery, step: int):
         h.rollouts.start(step)  # the engines serve the weights of `step` steps
 
 
-def save_checkpoint(h, recovery, steps_done: int) -> None:
+def save_checkpoint(h: RunParts, recovery: Recovery, steps_done: int) -> None:
     """`h.save(steps_done)`; when the --save disk has no room for it (ENOSPC, EDQUOT) the partial folder is removed
     (the earlier checkpoints and the tracker were never touched), the run says how much room one checkpoint needs and
     saves again after the guard's pause, until the disk takes it or --health-max-outage-hours have passed (a stop).
@@ -56,7 +62,7 @@ def save_checkpoint(h, recovery, steps_done: int) -> None:
             full = disk_full_error(err)
             if full is None:
                 raise
-            remove_partial(h.run.checkpoints, steps_done)
+            remove_partial(h.folder.checkpoints, steps_done)
             [event] = h.guard.check_save(steps_done, disk_full_message(h, full), h.clock.now())
             report_on_full_disk(recovery, event)
             wait(h.clock, event.values[RETRY_IN])
@@ -86,18 +92,18 @@ def free_bytes(path) -> int:
     return shutil.disk_usage(path).free
 
 
-def disk_full_message(h, full: OSError) -> str:
+def disk_full_message(h: RunParts, full: OSError) -> str:
     """What the user reads: the --save disk, the error, the room one checkpoint needs and the room there is."""
-    needs = getattr(h, "checkpoint_bytes", None)
-    free = free_bytes(h.run.checkpoints)
+    needs = h.checkpoint_bytes
+    free = free_bytes(h.folder.checkpoints)
     room = f"one checkpoint needs {needs / 1e9:.1f} GB, " if needs else ""
     return (
-        f"the disk of --save {h.run.path} has no room for it ({full.strerror or full}); {room}{free / 1e9:.1f} GB are "
+        f"the disk of --save {h.folder.path} has no room for it ({full.strerror or full}); {room}{free / 1e9:.1f} GB are "
         f"free there: free space on that disk, or keep fewer checkpoints (a lower --keep-checkpoints)"
     )
 
 
-def report_on_full_disk(recovery, event) -> None:
+def report_on_full_disk(recovery: Recovery, event: Event) -> None:
     """The pause (or stop) recorded like every event; on a disk so full that not even the line of RUN/health.jsonl
     fits, a pause is logged only (the wait goes on: the line is not what the run waits for)."""
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_search.config.checkpoints import CheckpointConfig
 from slime_search.config.cluster import ClusterConfig
@@ -21,6 +21,11 @@ from slime_search.health.config import HealthConfig, health_config
 from slime_search.rollout.schedule import ScheduleConfig
 from slime_search.utils.flag_fields import from_flags
 from slime_search.weight_sync.transports import default_transport
+
+if TYPE_CHECKING:
+    from slime_search.backends.megatron.actor import ActorConfig
+    from slime_search.ray.train_group import ModelSource, TrainGroupConfig
+    from slime_search.weight_sync.transport_base import WeightSyncConfig
 
 
 @dataclass(frozen=True)
@@ -208,15 +213,15 @@ class RunConfig:
     colocate: bool
     serves_policy: bool  # whether the engines generate with the policy being trained (not in SFT)
     steps_per_rollout: int
-    train_group: Any  # TrainGroupConfig
-    model: Any  # ModelSource
-    actor: Any  # ActorConfig
-    rollout: Any  # RolloutManagerConfig
-    weight_sync: Any  # WeightSyncConfig
-    schedule: Any  # ScheduleConfig: when rollouts run relative to training
+    train_group: TrainGroupConfig
+    model: ModelSource
+    actor: ActorConfig
+    rollout: RolloutManagerConfig
+    weight_sync: WeightSyncConfig
+    schedule: ScheduleConfig  # when rollouts run relative to training
     wandb: tuple[bool, str, str | None]  # MetricsSink's use_wandb, project, group
     health: HealthConfig = field(default_factory=HealthConfig)  # the health guard's rules and bounds
-    eval_engine: Any = None  # RolloutManagerConfig of the engine that evaluates beside training (--eval-engine)
+    eval_engine: RolloutManagerConfig | None = None  # the engine that evaluates beside training (--eval-engine)
     # seconds one evaluation may take (--eval-timeout; None: evaluation.flags scales it with the questions)
     eval_timeout: float | None = None
 
