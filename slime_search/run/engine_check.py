@@ -20,13 +20,8 @@ What follows:
                           or cannot be restarted (colocated; or not started by this run), the run stops naming it, on
                           the newest kept checkpoint: the policy is not at fault
 
-The bound, 0.1 nats per token (--health-max-logprob-gap), is far from float noise and far below a wrong engine. On this
-CPU the Megatron actor at TP 2 and the engines, all float32, agree to 4.5e-7 (the CPU engine server) and 2.8e-7 (real
-SGLang 0.5.23) on the probe; bfloat16 against float32 on the trained miniature policy's own sample is 0.014 (0.0009 on
-the tiny random policy); a bfloat16 engine against a bfloat16 trainer on GPUs differs by about 0.005 on dense models
-(0.0047-0.0061 published for Megatron and FSDP against SGLang-served Qwen3-32B). A stale engine four versions behind in
-the miniature's one-step run was 0.45 off, the same engine restarted on its starting weights 2.17; the tiny random
-policy against another random one 0.18 (docs/benchmarks/health.md).
+The bound (--health-max-logprob-gap) sits far above float noise and far below a wrong engine. The gaps measured on
+both sides of it, float32 and bfloat16, stale and wrong engines, are in docs/benchmarks/health.md ("The engine probe").
 """
 
 from __future__ import annotations
