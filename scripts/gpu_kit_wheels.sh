@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The wheels `python -m benchmarks.gpu_kit` needs on a GPU machine that has torch, Triton and transformers but no
+# The wheels `python -m tools.gpu_check` needs on a GPU machine that has torch, Triton and transformers but no
 # network: megatron-core, psutil (Megatron's torch_dist saver reads its own memory with it), the tokenizer the tiny
 # checkpoints are built with. They are downloaded for the GPU machine's Python (3.12 by default), without
 # dependencies (the list is complete for a machine with torch and transformers), and must stay under 64 MiB, what a
-# run may carry. tests/benchmarks/test_gpu_kit.py holds the list to what the kit's parts import.
+# run may carry. tests/tools/test_gpu_check.py holds the list to what the kit's parts import.
 #
 #   bash scripts/gpu_kit_wheels.sh wheels/ [python-version]
 #   # on the GPU machine, from the checkout with wheels/ beside it:
-#   pip install --no-deps wheels/*.whl && python -m benchmarks.gpu_kit
+#   pip install --no-deps wheels/*.whl && python -m tools.gpu_check
 set -euo pipefail
 
 out=${1:?usage: $0 OUT_DIR [python-version, default 3.12]}

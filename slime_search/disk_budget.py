@@ -10,8 +10,9 @@ many can be on disk at once, with --keep-checkpoints N > 0 (`RunFolder.prune_che
 - with evaluation beside training (--eval-engine), the 2 versions being evaluated and waiting to be
   (`BesideEval.pending_versions`).
 That is 2N + 4 + R with the guard (R = --max-rollbacks: 10 for the defaults N = 2, R = 2; the recipe-shaped weeks of
-`benchmarks.guard_week` peaked at 10, and at 11 of 12 with --eval-engine), N + 1 without it, 2 more with --eval-engine.
-With N = 0 every checkpoint stays: as many as the run saves (more when a rollback redoes steps). HF copies (--save-hf) come on top.
+`benchmarks.studies.guard_week` peaked at 10, and at 11 of 12 with --eval-engine), N + 1 without it, 2 more with
+--eval-engine. With N = 0 every checkpoint stays: as many as the run saves (more when a rollback redoes steps). HF
+copies (--save-hf) come on top.
 """
 
 from __future__ import annotations

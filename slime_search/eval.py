@@ -9,7 +9,7 @@ question (by data row, never by prompt text, which two questions may share).
     python -m slime_search.eval --compare A.grades.jsonl B.grades.jsonl                   # paired bootstrap, A - B
 
 Greedy decoding through the same generate / reward plugins as training; the metrics are the reward's numeric keys
-per data source (slime_search.rollout.evaluation). With --hf-checkpoint alone an engine is started (the CPU engine
+per data source (slime_search.rollout.eval_metrics). With --hf-checkpoint alone an engine is started (the CPU engine
 server; SGLang on GPU with --rollout-num-gpus); --engine-url uses a running one. The CPU engine's log goes beside
 --output (eval.json -> eval.logs/), or without --output to a temporary folder that is removed after a successful run;
 the folder is named at the start, and again if the evaluation fails. Beside eval.json go the samples
@@ -175,7 +175,7 @@ def write_results(args: argparse.Namespace, samples: list) -> None:
     """Print the metrics and the table; with --output, write them, the samples and the graded rows beside it."""
     from slime_search.evaluation.grading import rows_from_samples
     from slime_search.evaluation.table import search_r1_table, table_markdown, write_rows
-    from slime_search.rollout.evaluation import evaluate_samples
+    from slime_search.rollout.eval_metrics import evaluate_samples
 
     metrics = evaluate_samples(samples, args.reward_key)
     for key in sorted(metrics):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from slime_search.run.parts import RunParts
 
-PARTS = ("config", "folder", "sink", "group", "guard", "manager", "transport", "colocation", "evaluator", "rollouts")
+PARTS = ("config", "folder", "sink", "group", "guard", "manager", "transport", "colocation", "evaluator", "schedule")
 
 
 class NotGiven:

@@ -1,4 +1,4 @@
-"""Evaluation beside training (slime_search.run.eval_beside): which versions are evaluated when the evaluator is slower
+"""Evaluation beside training (slime_search.run.eval_engine): which versions are evaluated when the evaluator is slower
 than the interval, what a rollback drops, and a late result's review by the health guard. The evaluator is a Ray
 actor that holds each evaluation until the test releases it; the actor group only writes the weights folder (the
 end-to-end run with the real actor and eval engine is tests/e2e/test_eval_beside.py)."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_search.run.eval_beside import EvalBeside
+from slime_search.run.eval_engine import EvalEngine
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def held(ray, em_by_version, released=()):
 def beside_with(ray, tmp_path, em_by_version, **options):
     evaluator = held(ray, em_by_version)
     group = WritingGroup()
-    return EvalBeside(evaluator, group, tmp_path, Sync(), examples=0, **options), evaluator, group
+    return EvalEngine(evaluator, group, tmp_path, Sync(), examples=0, **options), evaluator, group
 
 
 class Restarts:
@@ -164,15 +164,15 @@ def test_a_failed_evaluation_is_dropped_and_a_fresh_evaluator_takes_the_next(
     version and the cause, the failure is counted, the broken evaluator is killed, and version 2 (waiting behind it)
     is evaluated by a fresh one, started at the second try (the first found no GPU free yet)."""
     ray = ray_session
-    monkeypatch.setattr("slime_search.run.eval_beside.RESTART_RETRY_S", 0.01)
+    monkeypatch.setattr("slime_search.run.eval_engine.RESTART_RETRY_S", 0.01)
     broken = ray.remote(BrokenEvaluator).remote()
     fresh = held(ray, {2: 0.4}, released=(2,))
     restarts = Restarts(RuntimeError("--eval-engine needs 1 GPU(s)"), fresh)
     group = WritingGroup()
-    beside = EvalBeside(broken, group, tmp_path, Sync(), 0, timeout_s=60, restart=restarts)
+    beside = EvalEngine(broken, group, tmp_path, Sync(), 0, timeout_s=60, restart=restarts)
     submit(beside, group, 0)
     submit(beside, group, 2)  # waits behind the running version 0
-    with caplog.at_level("WARNING", logger="slime_search.run.eval_beside"):
+    with caplog.at_level("WARNING", logger="slime_search.run.eval_engine"):
         results = beside.collect(wait=True)
     assert [r.version for r in results] == [2] and results[0].metrics["eval/em"] == 0.4
     dropped = [r.getMessage() for r in caplog.records if "version 0 dropped" in r.getMessage()]
@@ -240,11 +240,11 @@ def test_evaluation_beside_training_stops_after_failures_in_a_row(ray_session, t
     first, second = ray.remote(BrokenEvaluator).remote(), ray.remote(BrokenEvaluator).remote()
     restarts = Restarts(second, RuntimeError("--eval-engine needs 1 GPU(s)"))
     group = WritingGroup()
-    beside = EvalBeside(first, group, tmp_path, Sync(), 0, timeout_s=60, restart=restarts)
+    beside = EvalEngine(first, group, tmp_path, Sync(), 0, timeout_s=60, restart=restarts)
     submit(beside, group, 0)
     assert beside.collect(wait=True) == [] and beside.metrics()["eval/stopped"] == 0
     submit(beside, group, 2)
-    with caplog.at_level("WARNING", logger="slime_search.run.eval_beside"):
+    with caplog.at_level("WARNING", logger="slime_search.run.eval_engine"):
         assert beside.collect(wait=True) == []
     assert any("needs 1 GPU" in r.getMessage() for r in caplog.records)
     assert any("evaluation beside training stops" in r.getMessage() for r in caplog.records)
@@ -265,7 +265,7 @@ def test_a_late_held_out_drop_rolls_back_to_before_it(tmp_path):
     from slime_search.health.config import HealthConfig
     from slime_search.health.guard import HealthGuard
     from slime_search.metrics import MetricsSink
-    from slime_search.run.eval_beside import EvalResult
+    from slime_search.run.eval_engine import EvalResult
     from slime_search.run.folder import RunFolder
     from slime_search.run.recovery import Recovery
     from tests.run_parts_helpers import run_parts
@@ -357,29 +357,29 @@ def test_with_evaluations_slower_than_a_save_interval_every_graded_version_still
     evaluator, group = held(ray, score), SavingGroup()
     run = RunFolder(tmp_path / "run")
     colocation = NoHandOver()
-    h = run_parts(
+    parts = run_parts(
         config=config, folder=run, sink=MetricsSink(run.path), group=group, guard=HealthGuard(config.health),
         manager=ray.remote(PromptData).remote(), colocation=colocation,
-        evaluator=BesideEval(config, colocation, EvalBeside(evaluator, group, run.path, Sync(), examples=0, timeout_s=600)),
+        evaluator=BesideEval(config, colocation, EvalEngine(evaluator, group, run.path, Sync(), examples=0, timeout_s=600)),
     )  # fmt: skip
-    recovery = Recovery(h)
+    recovery = Recovery(parts)
     started, graded, lost = {}, [], []
-    h.save(0)
+    parts.save(0)
     for step in range(301):
         group.version = step
-        for result in h.evaluator.results(step):
+        for result in parts.evaluator.results(step):
             graded.append(result.version)
             if not iteration_dir(run.checkpoints, result.version).is_dir():
                 lost.append(result.version)
             assert recovery.record_eval(result, step) is None
-        h.guard.review(step, step_record(step))
+        parts.guard.review(step, step_record(step))
         if config.save_due(step + 1):
-            h.save(step + 1)
+            parts.save(step + 1)
         for version in ray.get(evaluator.started_versions.remote()):
             started.setdefault(version, step)
         for version, at in started.items():  # the evaluations take 30 and 60 steps in turn
             if step - at == (30 if len(graded) % 2 else 60):
                 ray.get(evaluator.release.remote(version))
     assert len(graded) >= 5 and lost == []
-    assert h.guard.policy.best_evaluated(run.checkpoint_steps()) is not None
+    assert parts.guard.policy.best_evaluated(run.checkpoint_steps()) is not None
     assert len(run.checkpoint_steps()) <= 2 + 4  # pruning still prunes: 2 kept, the guard's and the evaluations'

@@ -23,11 +23,15 @@ LAYERS = (
     ("slime_search.search_r1", "slime_search.health"),
     ("slime_search.arguments", "slime_search.run", "slime_search.report",
      "slime_search.eval", "slime_search.miniature", "slime_search.train", "slime_search"),
+    ("benchmarks.harness",),
     ("benchmarks", "tools"),
 )  # fmt: skip
 TASK = ("slime_search.search_r1",)
 GENERIC = LAYERS[0] + LAYERS[1] + LAYERS[2] + LAYERS[3] + ("slime_search.health",)
 INSTRUMENTS = ("benchmarks", "tools", "tests")
+# Each module (or package) directly under these is one instrument: it may import the product and the harness, and
+# not another instrument (what two share goes to benchmarks/harness/).
+INSTRUMENT_ROOMS = ("benchmarks.perf", "benchmarks.studies", "tools")
 
 
 def module_files() -> dict[str, Path]:
@@ -146,6 +150,29 @@ def test_no_product_module_imports_an_instrument_or_a_test():
     assert leaks == []
 
 
+def instrument_of(module: str) -> str | None:
+    """The instrument `module` belongs to: its room and the next name (`benchmarks.studies.guard_week`)."""
+    room = owner(module, INSTRUMENT_ROOMS)
+    if room is None or module == room:
+        return None
+    return ".".join(module.split(".")[: room.count(".") + 2])
+
+
+def imports_between_instruments(graph) -> list[str]:
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if instrument_of(a) and instrument_of(b) and instrument_of(a) != instrument_of(b)
+    )
+
+
+def test_no_instrument_imports_another_except_through_the_harness():
+    graph = import_graph()
+    assert sum(1 for m in graph if instrument_of(m)) > 40  # the rooms were found
+    assert imports_between_instruments(graph) == []
+
+
 def test_the_checks_see_what_they_are_meant_to_catch():
     """The checks on small made-up graphs: an upward import, a circle of three, and none where there is none."""
     assert upward_imports({"slime_search.rollout.x": {"slime_search.train"}}) == ["slime_search.rollout.x -> slime_search.train"]  # fmt: skip
@@ -153,3 +180,9 @@ def test_the_checks_see_what_they_are_meant_to_catch():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
     assert imported_names(Path(__file__)) >= {"ast", "pathlib.Path", "pathlib"}
+    sideways = {
+        "benchmarks.perf.a": {"benchmarks.perf.b", "benchmarks.harness.c"},
+        "tools.gpu_check.x": {"tools.gpu_check.y"},
+    }
+    assert imports_between_instruments(sideways) == ["benchmarks.perf.a -> benchmarks.perf.b"]
+    assert instrument_of("benchmarks.studies.guard_week.world") == "benchmarks.studies.guard_week"

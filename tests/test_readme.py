@@ -25,6 +25,7 @@ BY_CI = {
 BY_TEST = {  # command -> the test file that runs it (shortened where the whole would take too long for a test)
     MAIN_JOB: "tests/e2e/test_miniature_learning.py",
     "bash examples/search-r1/run_qwen2.5_3B.sh": "tests/test_arguments.py",  # DRY_RUN=1: its command line, parsed
+    "python -m tools.gpu_check": "tests/tools/test_gpu_check.py",  # --cpu: every part on the tiny model on CPU
 }
 CHEAP = {  # command -> what runs here (the same command; a CLI with --help, which loads every module it needs)
     "python -m slime_search.train": [sys.executable, "-m", "slime_search.train", "--help"],
@@ -64,9 +65,16 @@ def test_ci_runs_the_readme_set_up_and_test_commands():
 
 def test_the_tests_that_run_the_readme_commands_run_them():
     for command, test in BY_TEST.items():
-        script = command.split()[-1]
-        assert Path(script).name in (REPO / test).read_text(), (command, test)
-        assert (REPO / script).is_file(), script
+        words = command.split()
+        if "-m" in words:  # a module: the test names it, and it is a package or a file of the checkout
+            module = words[words.index("-m") + 1]
+            assert module in (REPO / test).read_text(), (command, test)
+            path = REPO / module.replace(".", "/")
+            assert (path / "__main__.py").is_file() or path.with_suffix(".py").is_file(), module
+        else:
+            script = words[-1]
+            assert Path(script).name in (REPO / test).read_text(), (command, test)
+            assert (REPO / script).is_file(), script
 
 
 def test_the_quick_loop_selects_by_a_marker_the_suite_declares():

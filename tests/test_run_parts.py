@@ -55,12 +55,12 @@ def protocol_methods(protocol) -> list[str]:
 
 
 def implementations():
-    from benchmarks.guard_week.beside import SimEvalBeside
-    from benchmarks.guard_week.parts import SimGroup, SimPush
-    from benchmarks.guard_week.world import SimClock
+    from benchmarks.studies.guard_week.beside import SimEvalBeside
+    from benchmarks.studies.guard_week.parts import SimGroup, SimPush
+    from benchmarks.studies.guard_week.world import SimClock
     from slime_search.ray.train_group import RayTrainGroup
     from slime_search.rollout.schedule import FullyAsync, OneStepOff, Synchronous
-    from slime_search.run.eval_beside import EvalBeside
+    from slime_search.run.eval_engine import EvalEngine
     from slime_search.run.evaluators import BesideEval, InStepEval
     from slime_search.utils.clock import SystemClock
     from slime_search.weight_sync.transport_base import WeightTransport
@@ -71,7 +71,7 @@ def implementations():
         (protocols.WeightPush, [WeightTransport, SimPush]),
         (protocols.RolloutSchedule, [Synchronous, OneStepOff, FullyAsync]),
         (protocols.Evaluator, [InStepEval, BesideEval]),
-        (protocols.EvaluationsBeside, [EvalBeside, SimEvalBeside]),
+        (protocols.EvaluationsBeside, [EvalEngine, SimEvalBeside]),
     ]
 
 
@@ -102,7 +102,7 @@ def remote_calls(path: Path) -> set[str]:
 
 
 def test_the_manager_answers_every_remote_call_of_the_driver_in_the_product_and_in_the_simulated_week():
-    from benchmarks.guard_week.parts import SimManager
+    from benchmarks.studies.guard_week.parts import SimManager
     from slime_search.rollout.manager import RolloutManager
 
     called = set().union(*(remote_calls(path) for path in RUN.glob("*.py")))

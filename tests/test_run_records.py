@@ -92,11 +92,11 @@ def test_a_fresh_start_pushes_version_0_when_the_engines_would_serve_another_pol
     adapters the engines serve by name (--lora-sync-from-tensor), else the first rollout names an adapter no engine
     holds."""
     both = RecordedPushes()
-    h = run_parts(
+    parts = run_parts(
         config=SimpleNamespace(model=source, health=HealthConfig()), folder=RunFolder(tmp_path),
         sink=MetricsSink(tmp_path), guard=HealthGuard(HealthConfig()), transport=both, colocation=both,
     )  # fmt: skip
-    assert Recovery(h).resume() == 0
+    assert Recovery(parts).resume() == 0
     assert both.calls == pushed
 
 

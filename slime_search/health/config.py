@@ -3,7 +3,7 @@
 Every bound is a flag (`--health-*`, `--max-*`); the defaults are the ones measured on the CPU miniature not to fire on
 its healthy runs while catching its collapses (docs/benchmarks/health.md), and the reward and held-out drops, shares of
 the run's own best beyond its own noise, by simulation at both the miniature's shape and the 3B recipe's
-(benchmarks.guard_shapes).
+(benchmarks.studies.guard_shapes).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class HealthConfig:
         type=positive_float,
     )
     # the drops are shares of the run's own best, and must be beyond its noise as well (health.rules.reward and
-    # held_out): one set of defaults for the miniature (EM 0.95) and the 3B recipe (0.42): benchmarks.guard_shapes
+    # held_out): one set of defaults for the miniature (EM 0.95) and the 3B recipe (0.42): benchmarks.studies.guard_shapes
     reward_drop: float = flag(
         0.3,
         "roll back when the training reward's window mean falls below its best by more than this share of the "
@@ -184,7 +184,7 @@ class HealthConfig:
         name="--health-eval-patience-steps",
         type=positive_int,
     )
-    # the paired test and the confirmation on fresh questions guard against chance (health.md: benchmarks.end_rule)
+    # the paired test and the confirmation on fresh questions guard against chance (health.md: benchmarks.studies.end_rule)
     end_drop: float = flag(
         0.05,
         "at the end of the run, when the final held-out evaluation is more than this below the best one of a kept"

@@ -1,7 +1,7 @@
 """SGLang's /generate answer for a scripted turn: what a policy that means to write `text` gets back from SGLang.
 
 The demonstrator serves its turns this way, and so do the stand-in engines of the tests and benchmarks
-(benchmarks/stand_in_engines), so a scripted policy meets the same stop rules as a real one.
+(benchmarks/harness/stand_in_engines), so a scripted policy meets the same stop rules as a real one.
 """
 
 from __future__ import annotations

@@ -244,8 +244,9 @@ class RolloutManager:
 
     def evaluate(self, examples: int = 0, subset=None) -> tuple[dict[str, float], list[dict]]:
         """Greedy decoding of every eval set (the questions of `subset`, by default those of --eval-sample); the
-        reward's numeric keys (EM, F1, ...) per data source, search rate, turns, and the per-question grades (GRADES)."""
-        from slime_search.rollout.evaluation import GRADES, evaluate_samples, question_grades
+        reward's numeric keys (EM, F1, ...) per data source, search rate, turns, and the per-question grades (GRADES).
+        """
+        from slime_search.rollout.eval_metrics import GRADES, evaluate_samples, question_grades
 
         reward_key = self.config.rollout.reward_key
         config = self.config

@@ -71,12 +71,12 @@ class EngineCheck:
         self.tokens: list[int] | None = None  # the last probe's tokens: a skipped step has no batch of its own
 
     @property
-    def h(self):
-        return self.recovery.h
+    def parts(self):
+        return self.recovery.parts
 
     def due(self, step: int) -> bool:
         """Asynchronous modes probe every --health-patience steps (after the push of the last of them)."""
-        health = self.h.config.health
+        health = self.parts.config.health
         return health.enabled and not health.synchronous and (step + 1) % health.patience == 0
 
     def after_push(self, step: int, reviewed: list[Event], samples) -> None:
@@ -84,7 +84,7 @@ class EngineCheck:
         that follows, or the probe due by the clock."""
         self.tokens = probe_tokens(samples) or self.tokens
         repush = next((e for e in reviewed if e.action == "repush"), None)
-        if self.h.transport is None or (repush is None and not self.due(step)):
+        if self.parts.transport is None or (repush is None and not self.due(step)):
             return
         if repush is not None:
             self.recovery.repush(step + 1)
@@ -95,15 +95,15 @@ class EngineCheck:
         """Every engine's gap to the trainer on the probe tokens, by address."""
         import ray
 
-        h = self.h
-        h.colocation.for_weight_push()  # the actor on its device
-        trainer = h.group.trainer_log_probs(self.tokens)
-        h.colocation.for_generation()  # the engines whole
-        return probe_gaps(ray.get(h.manager.engine_log_probs.remote(self.tokens)), trainer)
+        parts = self.parts
+        parts.colocation.for_weight_push()  # the actor on its device
+        trainer = parts.group.trainer_log_probs(self.tokens)
+        parts.colocation.for_generation()  # the engines whole
+        return probe_gaps(ray.get(parts.manager.engine_log_probs.remote(self.tokens)), trainer)
 
     def check(self, step: int, version: int, repush: Event | None) -> None:
         """Probe; restart the engines that disagree and probe again; stop if one still does."""
-        bound = self.h.config.health.max_logprob_gap
+        bound = self.parts.config.health.max_logprob_gap
         gaps = self.probe()
         wrong = {url: gap for url, gap in gaps.items() if gap > bound}
         measured = f"mean |engine - trainer| log-prob per token over {len(self.tokens) - 1} tokens: {shown(gaps)}"
@@ -137,23 +137,23 @@ class EngineCheck:
         that cannot be restarted stops the run."""
         import ray
 
-        h = self.h
-        if h.config.colocate:
+        parts = self.parts
+        if parts.config.colocate:
             self.stop(step, wrong, "and is not restarted: a colocated engine would take GPU memory the actor holds")
         for url, gap in wrong.items():
             message = f"step {step}: engine {url} is off the trainer by {gap:.3g} per token on the probe: restarted"
             try:
-                ray.get(h.manager.restart_engine.remote(url))
+                ray.get(parts.manager.restart_engine.remote(url))
             except ValueError as err:  # an engine the run did not start (--engine-url): nothing to restart
                 self.stop(step, {url: gap}, f"and cannot be restarted: {err}")
             self.recovery.report([Event(step, "restart_engine", RULE, message, {url: gap})])
-        back = h.engines_back()  # ready, paused, the transport connected to them again
-        ray.get(h.manager.pause_generation.remote())  # the others too: their weights are replaced under them
+        back = parts.engines_back()  # ready, paused, the transport connected to them again
+        ray.get(parts.manager.pause_generation.remote())  # the others too: their weights are replaced under them
         try:
-            h.colocation.for_weight_push()
-            served = h.transport.push(str(version))
+            parts.colocation.for_weight_push()
+            served = parts.transport.push(str(version))
         finally:
-            ray.get(h.manager.continue_generation.remote())
+            ray.get(parts.manager.continue_generation.remote())
         logger.info("engines %s restarted and pushed version %d; the engines serve version %s", back, version, served)
 
     def stop(self, step: int, wrong: dict[str, float], why: str) -> NoReturn:

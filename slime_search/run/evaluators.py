@@ -8,7 +8,7 @@
 InStepEval: the rollout engines evaluate a version when it falls due (--eval-interval) and the step waits for it,
 within the deadline of --eval-timeout (by default sized from the questions graded); past it the run ends with an error
 (a stuck engine or manager is not waited on for good; run again, the run resumes from its last checkpoint).
-BesideEval (--eval-engine): an engine of its own evaluates beside training (slime_search.run.eval_beside.EvalBeside,
+BesideEval (--eval-engine): an engine of its own evaluates beside training (slime_search.run.eval_engine.EvalEngine,
 started by run.parts.start_beside); the step pays for writing the weights only, and a result is reviewed when it
 arrives.
 """
@@ -19,7 +19,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from slime_search.run.eval_beside import EvalResult
+from slime_search.run.eval_engine import EvalResult
 
 if TYPE_CHECKING:
     from slime_search.ray.colocation import Colocation

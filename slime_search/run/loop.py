@@ -17,41 +17,41 @@ if TYPE_CHECKING:
     from slime_search.run.recovery import Recovery
 
 
-def run_steps(h: RunParts, recovery: Recovery, start: int) -> None:
+def run_steps(parts: RunParts, recovery: Recovery, start: int) -> None:
     """Steps `start`.. of the run, from each rollback's step again."""
     while True:
         try:
-            return run_from(h, recovery, start)
+            return run_from(parts, recovery, start)
         except Decision as decision:
             start = recovery.carry_out(decision.event)
 
 
-def run_from(h: RunParts, recovery: Recovery, step: int) -> None:
+def run_from(parts: RunParts, recovery: Recovery, step: int) -> None:
     """From the weights of `step` to the end: checkpoints every --save-interval steps (a full --save disk is waited
     out); at the end the final evaluation, and the weights the run ends on."""
     from slime_search.run.pauses import save_checkpoint
 
-    if step == 0 and h.config.health.enabled and h.config.save_interval and h.folder.latest_checkpoint() is None:
-        save_checkpoint(h, recovery, 0)  # the rollback target before a later checkpoint proves healthy
-    h.start_rollouts(step)
+    if parts.first_checkpoint_due(step):
+        save_checkpoint(parts, recovery, 0)  # the rollback target before a later checkpoint proves healthy
+    parts.start_rollouts(step)
     while True:
-        if step == h.config.num_rollout:
-            h.rollouts.stop()  # what is in flight is cancelled: the final evaluation runs alone
-        evaluate(h, recovery, step)
-        if step >= h.config.num_rollout:
+        if step == parts.config.num_rollout:
+            parts.schedule.stop()  # what is in flight is cancelled: the final evaluation runs alone
+        evaluate(parts, recovery, step)
+        if step >= parts.config.num_rollout:
             return recovery.end(step)
-        train_step(h, recovery, step)
-        if h.config.save_due(step + 1):
-            save_checkpoint(h, recovery, step + 1)
+        train_step(parts, recovery, step)
+        if parts.config.save_due(step + 1):
+            save_checkpoint(parts, recovery, step + 1)
         step += 1
         recovery.follow_remedy(step)
 
 
-def evaluate(h: RunParts, recovery: Recovery, step: int) -> None:
+def evaluate(parts: RunParts, recovery: Recovery, step: int) -> None:
     """The evaluations with a result now, recorded under the versions they evaluated and reviewed by the guard; the
     first rollback one calls for is raised (results after it are of versions the rollback undoes)."""
-    h.colocation.for_generation()
-    for result in h.evaluator.results(step):
+    parts.colocation.for_generation()
+    for result in parts.evaluator.results(step):
         rollback = recovery.record_eval(result, step)
         if rollback is not None:
             raise Decision(rollback)
@@ -64,7 +64,7 @@ def decide(events: list[Event]) -> None:
         raise Decision(rollback)
 
 
-def train_step(h: RunParts, recovery: Recovery, step: int) -> None:
+def train_step(parts: RunParts, recovery: Recovery, step: int) -> None:
     """One step: its batch (a rollout that a passing fault broke is done again after a wait: run.pauses), the checks
     before training, the update, the weight push, the step's record and the guard's review of it; then the rollback
     the guard calls for, if any, is raised."""
@@ -75,50 +75,52 @@ def train_step(h: RunParts, recovery: Recovery, step: int) -> None:
     from slime_search.run.recovery import event_counts
 
     clock = PhaseClock()
-    batch, events, paused_s = usable_rollout(h, recovery, step)  # the guard's checks of what the rollout returned
-    h.folder.record_examples(step, "train", batch.examples)
+    batch, events, paused_s = usable_rollout(parts, recovery, step)  # the guard's checks of what the rollout returned
+    parts.folder.record_examples(step, "train", batch.examples)
     metrics = {**batch.metrics, "health/paused_s": paused_s}  # the waits are part of the rollout's time
     clock.mark("rollout")
-    restarted = h.restart_down_engines()
+    restarted = parts.restart_down_engines()
     metrics["engines/restarted"] = float(len(restarted))
     clock.mark("engine_check")
-    h.colocation.for_training()
+    parts.colocation.for_training()
     metrics["health/step_skipped"] = float(any(e.action == "skip" for e in events))
     if not metrics["health/step_skipped"]:
-        metrics.update(train_on(h, recovery, batch, step))
+        metrics.update(train_on(parts, recovery, batch, step))
     clock.mark("train")
-    back = h.engines_back() if restarted else []
+    back = parts.engines_back() if restarted else []
     clock.mark("engine_restart_wait")
-    with h.rollouts.weight_push():  # one-step: the stream drains first; fully: the engines pause meanwhile
+    with parts.schedule.weight_push():  # one-step: the stream drains first; fully: the engines pause meanwhile
         clock.mark("drain")
-        if h.transport is not None:
-            h.colocation.for_weight_push()
-            metrics["weight_version"] = int(h.transport.push(str(step + 1)))
+        if parts.transport is not None:
+            parts.colocation.for_weight_push()
+            metrics["weight_version"] = int(parts.transport.push(str(step + 1)))
     if back:
-        ray.get(h.manager.continue_generation.remote(back))
-    h.rollouts.pushed(step + 1)
+        ray.get(parts.manager.continue_generation.remote(back))
+    parts.schedule.pushed(step + 1)
     clock.mark("sync")
-    metrics.update({**h.colocation.metrics(), **clock.times(), **trainer_idle(clock), **h.evaluator.metrics()})
-    reviewed = h.guard.review(step, metrics)
+    metrics.update({**parts.colocation.metrics(), **clock.times(), **trainer_idle(clock), **parts.evaluator.metrics()})
+    reviewed = parts.guard.review(step, metrics)
     events += reviewed
-    h.sink.log(step, {**metrics, **event_counts(events, h.guard, step)})  # the step's record, also when it stops
+    parts.sink.log(
+        step, {**metrics, **event_counts(events, parts.guard, step)}
+    )  # the step's record, also when it stops
     recovery.report(reviewed)
     recovery.engines.after_push(step, reviewed, batch.samples)  # a re-push the guard asked for, the engines' probe
     decide(events)
 
 
-def train_on(h: RunParts, recovery: Recovery, batch, step: int) -> dict[str, float]:
+def train_on(parts: RunParts, recovery: Recovery, batch, step: int) -> dict[str, float]:
     """The trainer's log-probs of the batch, its health signals (stop on a damaged actor), the optimizer steps."""
     from slime_search.health.signals import batch_signals, importance_signals
     from slime_search.ray.train_group import split_into_steps
 
-    config = h.config
+    config = parts.config
     if config.actor.loss.uses_old_log_probs:
-        h.group.prepare(batch.samples)
+        parts.group.prepare(batch.samples)
     metrics = batch_signals(batch.samples, step, config.actor.loss.tis_cap)
-    recovery.report(h.guard.check_batch(step, metrics))
-    metrics.update(h.group.optimize(batch.samples, config.steps_per_rollout, h.guard.skip_above()))
+    recovery.report(parts.guard.check_batch(step, metrics))
+    metrics.update(parts.group.optimize(batch.samples, config.steps_per_rollout, parts.guard.skip_above()))
     if config.actor.loss.mis is not None:  # the optimizer steps' batches, as optimize splits the rollout
-        parts = split_into_steps(batch.samples, config.steps_per_rollout)
-        metrics.update(importance_signals(parts, config.actor.loss.mis, step))
+        step_batches = split_into_steps(batch.samples, config.steps_per_rollout)
+        metrics.update(importance_signals(step_batches, config.actor.loss.mis, step))
     return metrics

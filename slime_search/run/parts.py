@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from slime_search.metrics import MetricsSink
     from slime_search.ray.colocation import Colocation
     from slime_search.run.config import RunConfig
-    from slime_search.run.eval_beside import EvalBeside
+    from slime_search.run.eval_engine import EvalEngine
     from slime_search.run.folder import RunFolder
     from slime_search.run.protocols import (
         Clock,
@@ -48,7 +48,7 @@ class RunParts:
     transport: WeightPush | None  # the weights to the engines (None in SFT: the engine is a demonstrator)
     colocation: Colocation  # the memory hand-over when engines share the actor's GPUs
     evaluator: Evaluator  # inside the step or beside training (run.evaluators)
-    rollouts: RolloutSchedule  # --async-mode; made anew when the run (re)starts from a step (`start_rollouts`)
+    schedule: RolloutSchedule  # the rollouts, by --async-mode; made anew when the run (re)starts from a step (`start_rollouts`)
     clock: Clock = field(default_factory=SystemClock)  # the waits of passing faults (run.pauses)
     checkpoint_bytes: int | None = None  # the size of one checkpoint of the actor (disk_budget)
 
@@ -57,8 +57,19 @@ class RunParts:
         from slime_search.health.remedy import remedied_schedule
         from slime_search.rollout.schedule import create_schedule
 
-        self.rollouts = create_schedule(remedied_schedule(self.config.schedule, self.guard.rollbacks), self.manager)
-        self.rollouts.start(step)
+        self.schedule = create_schedule(remedied_schedule(self.config.schedule, self.guard.rollbacks), self.manager)
+        self.schedule.start(step)
+
+    def first_checkpoint_due(self, step: int) -> bool:
+        """Whether a guarded run starting from step 0 with no checkpoint saves one first: the rollback target before a
+        later checkpoint proves healthy."""
+        config = self.config
+        return (
+            step == 0
+            and config.health.enabled
+            and bool(config.save_interval)
+            and self.folder.latest_checkpoint() is None
+        )
 
     def save(self, steps_done: int) -> None:
         """The actor (model, optimizer, RNG) and the rollout state in one folder renamed into place when complete, the
@@ -69,22 +80,24 @@ class RunParts:
         were; run.pauses.save_checkpoint waits that out."""
         import ray
 
-        h, config, run = self, self.config, self.folder
-        h.check_room()
-        h.colocation.for_weight_push()  # the actor's state must be on its device
-        h.group.save(
-            str(run.checkpoints), steps_done, run.rollout_state_file(steps_done, ray.get(h.manager.state_dict.remote()))
+        config, run = self.config, self.folder
+        self.check_room()
+        self.colocation.for_weight_push()  # the actor's state must be on its device
+        self.group.save(
+            str(run.checkpoints),
+            steps_done,
+            run.rollout_state_file(steps_done, ray.get(self.manager.state_dict.remote())),
         )
         if config.save_hf:
             sync = config.weight_sync
-            h.group.on_all_ranks(
+            self.group.on_all_ranks(
                 "write_hf_streamed", sync.hf_checkpoint, str(run.hf_folder(steps_done)), sync.bucket_bytes
             )
-        if steps_done == 0 and config.colocate and h.transport is not None:  # colocated engines gave their weights up
-            h.transport.push("0")
+        if steps_done == 0 and config.colocate and self.transport is not None:  # colocated engines gave theirs up
+            self.transport.push("0")
         kept = run.checkpoint_steps()
-        evaluating = h.evaluator.pending_versions()
-        run.prune_checkpoints(config.keep_checkpoints, h.guard.checkpoints_needed(kept) | evaluating)
+        evaluating = self.evaluator.pending_versions()
+        run.prune_checkpoints(config.keep_checkpoints, self.guard.checkpoints_needed(kept) | evaluating)
 
     def check_room(self) -> None:
         """OSError ENOSPC before a save that the --save disk has no room for (one checkpoint's size, disk_budget): the
@@ -177,11 +190,11 @@ def start_manager(config: RunConfig, args: argparse.Namespace, group: TrainGroup
 
 def start_beside(
     config: RunConfig, args: argparse.Namespace, group: TrainGroup, folder: RunFolder, stack: ExitStack
-) -> EvalBeside:
+) -> EvalEngine:
     """--eval-engine: the evaluator's RolloutManager with its engine, started now (it loads while the actor does); a
     failed one is replaced by a new one, and the one in place when the stack closes is stopped."""
     from slime_search.ray.placement import create_eval_manager, stop_rollout_manager
-    from slime_search.run.eval_beside import EvalBeside
+    from slime_search.run.eval_engine import EvalEngine
     from slime_search.run.evaluators import eval_deadline
 
     def new_evaluator():
@@ -189,7 +202,7 @@ def start_beside(
 
     deadline_s, questions = eval_deadline(config)
     logger.info("evaluation beside training: %d questions, each evaluation within %.0f s", questions, deadline_s)
-    beside = EvalBeside(new_evaluator(), group, folder.path, config.weight_sync, config.log_rollout_examples,
+    beside = EvalEngine(new_evaluator(), group, folder.path, config.weight_sync, config.log_rollout_examples,
                         timeout_s=deadline_s, restart=new_evaluator)  # fmt: skip
     stack.callback(lambda: stop_rollout_manager(beside.evaluator))
     return beside
@@ -216,7 +229,7 @@ def close_transport(transport: WeightPush) -> None:
 
 
 def evaluator(
-    config: RunConfig, manager: RemoteManager, colocation: Colocation, beside: EvalBeside | None
+    config: RunConfig, manager: RemoteManager, colocation: Colocation, beside: EvalEngine | None
 ) -> Evaluator:
     """Held-out evaluation beside training (--eval-engine) or inside the step."""
     from slime_search.run.evaluators import BesideEval, InStepEval

@@ -30,44 +30,46 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def usable_rollout(h: RunParts, recovery: Recovery, step: int):
+def usable_rollout(parts: RunParts, recovery: Recovery, step: int):
     """The step's batch, the guard's events on it (reported: a stop is raised to the loop) and the seconds spent waiting
     out passing faults before it came (the pauses' events come first in the list)."""
     import ray
 
     pauses, paused_s = [], 0.0
     while True:
-        batch = h.rollouts.next_batch(step, h.config.log_rollout_examples)
-        events = recovery.report(h.guard.check_rollout(step, batch.metrics, batch.errors, h.clock.now()))
+        batch = parts.schedule.next_batch(step, parts.config.log_rollout_examples)
+        events = recovery.report(parts.guard.check_rollout(step, batch.metrics, batch.errors, parts.clock.now()))
         pause = next((event for event in events if event.action == "pause"), None)
         if pause is None:
             return batch, [*pauses, *events], paused_s
         pauses.append(pause)
-        data = ray.get(h.manager.state_dict.remote())  # with a stream: what it took and did not hand over, given back
-        h.rollouts.stop()
-        ray.get(h.manager.load_state_dict.remote(data))
-        paused_s += wait(h.clock, pause.values[RETRY_IN])
-        h.rollouts.start(step)  # the engines serve the weights of `step` steps
+        data = ray.get(
+            parts.manager.state_dict.remote()
+        )  # with a stream: what it took and did not hand over, given back
+        parts.schedule.stop()
+        ray.get(parts.manager.load_state_dict.remote(data))
+        paused_s += wait(parts.clock, pause.values[RETRY_IN])
+        parts.schedule.start(step)  # the engines serve the weights of `step` steps
 
 
-def save_checkpoint(h: RunParts, recovery: Recovery, steps_done: int) -> None:
-    """`h.save(steps_done)`; when the --save disk has no room for it (ENOSPC, EDQUOT) the partial folder is removed
+def save_checkpoint(parts: RunParts, recovery: Recovery, steps_done: int) -> None:
+    """`parts.save(steps_done)`; when the --save disk has no room for it (ENOSPC, EDQUOT) the partial folder is removed
     (the earlier checkpoints and the tracker were never touched), the run says how much room one checkpoint needs and
     saves again after the guard's pause, until the disk takes it or --health-max-outage-hours have passed (a stop).
     Any other error of the save propagates."""
     while True:
         try:
-            h.save(steps_done)
+            parts.save(steps_done)
         except Exception as err:
             full = disk_full_error(err)
             if full is None:
                 raise
-            remove_partial(h.folder.checkpoints, steps_done)
-            [event] = h.guard.check_save(steps_done, disk_full_message(h, full), h.clock.now())
+            remove_partial(parts.folder.checkpoints, steps_done)
+            [event] = parts.guard.check_save(steps_done, disk_full_message(parts, full), parts.clock.now())
             report_on_full_disk(recovery, event)
-            wait(h.clock, event.values[RETRY_IN])
+            wait(parts.clock, event.values[RETRY_IN])
             continue
-        h.guard.check_save(steps_done, None)
+        parts.guard.check_save(steps_done, None)
         return
 
 
@@ -92,13 +94,13 @@ def free_bytes(path) -> int:
     return shutil.disk_usage(path).free
 
 
-def disk_full_message(h: RunParts, full: OSError) -> str:
+def disk_full_message(parts: RunParts, full: OSError) -> str:
     """What the user reads: the --save disk, the error, the room one checkpoint needs and the room there is."""
-    needs = h.checkpoint_bytes
-    free = free_bytes(h.folder.checkpoints)
+    needs = parts.checkpoint_bytes
+    free = free_bytes(parts.folder.checkpoints)
     room = f"one checkpoint needs {needs / 1e9:.1f} GB, " if needs else ""
     return (
-        f"the disk of --save {h.folder.path} has no room for it ({full.strerror or full}); {room}{free / 1e9:.1f} GB are "
+        f"the disk of --save {parts.folder.path} has no room for it ({full.strerror or full}); {room}{free / 1e9:.1f} GB are "
         f"free there: free space on that disk, or keep fewer checkpoints (a lower --keep-checkpoints)"
     )
 

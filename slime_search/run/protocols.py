@@ -1,9 +1,9 @@
 """What the run's parts must answer, as the loop, the recovery and the evaluators call them.
 
-Each part has one product implementation and one in the simulated week (benchmarks/guard_week): the Megatron actor's
-group (RayTrainGroup; SimGroup), the weight transport (weight_sync; SimPush), the rollout schedule (rollout.schedule),
-the held-out evaluator (run.evaluators) and the clock (utils.clock; the world's clock). The rollout manager is a Ray
-actor: its methods are called as `manager.method.remote(...)` and return object refs (RemoteManager).
+Each part has one product implementation and one in the simulated week (benchmarks/studies/guard_week): the Megatron
+actor's group (RayTrainGroup; SimGroup), the weight transport (weight_sync; SimPush), the rollout schedule
+(rollout.schedule), the held-out evaluator (run.evaluators) and the clock (utils.clock; the world's clock). The rollout
+manager is a Ray actor: its methods are called as `manager.method.remote(...)` and return object refs (RemoteManager).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from ray import ObjectRef
 
-    from slime_search.run.eval_beside import EvalResult
+    from slime_search.run.eval_engine import EvalResult
     from slime_search.types import TrainSample
 
 
@@ -97,7 +97,7 @@ class Evaluator(Protocol):
 
 
 class EvaluationsBeside(Protocol):
-    """The evaluator's engine beside training, from the driver's side (run.eval_beside.EvalBeside)."""
+    """The evaluator's engine beside training, from the driver's side (run.eval_engine.EvalEngine)."""
 
     def submit(self, version: int) -> float: ...
 

@@ -115,7 +115,7 @@ class Recovery:
     def __init__(self, parts: RunParts, argv: list[str] | None = None):
         from slime_search.run.engine_check import EngineCheck
 
-        self.h = parts
+        self.parts = parts
         self.argv = argv or []
         self.lr_scale = 1.0
         self.engines = EngineCheck(self)  # the re-push, the probe of the engines and what follows from it
@@ -124,56 +124,63 @@ class Recovery:
     def serve_checkpoint(self, steps_done: int) -> None:
         """The actor loads the checkpoint of `steps_done` and the engines serve its weights (the disk transport
         leaves them in RUN/weights)."""
-        h = self.h
-        h.colocation.for_training()
-        h.group.load(str(h.folder.checkpoints), steps_done)
-        if h.transport is not None:
-            h.colocation.for_weight_push()
-            h.transport.push(str(steps_done))
+        parts = self.parts
+        parts.colocation.for_training()
+        parts.group.load(str(parts.folder.checkpoints), steps_done)
+        if parts.transport is not None:
+            parts.colocation.for_weight_push()
+            parts.transport.push(str(steps_done))
 
     def restore(self, steps_done: int) -> None:
         """Actor, data position and engines as they were at the checkpoint of `steps_done`; records of later steps
         are dropped (they are redone)."""
         import ray
 
-        h = self.h
-        state = h.folder.rollout_state(steps_done)
+        parts = self.parts
+        state = parts.folder.rollout_state(steps_done)
         self.serve_checkpoint(steps_done)
-        ray.get(h.manager.load_state_dict.remote(state))
-        h.sink.drop_from(steps_done)
-        h.folder.drop_examples_from(steps_done)
+        ray.get(parts.manager.load_state_dict.remote(state))
+        parts.sink.drop_from(steps_done)
+        parts.folder.drop_examples_from(steps_done)
 
     def resume(self) -> int:
         """Continue after the last complete checkpoint of the run folder, if any; returns the next step. The guard
         replays the records kept, and the remedy of recent rollbacks holds again."""
         import ray
 
-        h = self.h
-        finished = h.folder.finish_set_aside()  # a rollback or stop a crash cut short, recorded: done now
+        parts = self.parts
+        finished = parts.folder.finish_set_aside()  # a rollback or stop a crash cut short, recorded: done now
         if finished is not None:
             logger.warning(
                 "finished setting the checkpoints of steps %s aside (%s)", list(finished.moving), finished.name
             )
-        done = h.folder.latest_checkpoint()
-        h.guard.rollback_steps, h.guard.rollback_targets = h.folder.rollback_steps(), h.folder.rollback_targets()
-        h.folder.record_resume(done or 0, h.guard.rollbacks)
-        if h.guard.rollbacks:  # the timeline it resumes on samples as it did
-            ray.get(h.manager.set_sampling_attempt.remote(h.guard.rollbacks))
+        done = parts.folder.latest_checkpoint()
+        parts.guard.rollback_steps, parts.guard.rollback_targets = (
+            parts.folder.rollback_steps(),
+            parts.folder.rollback_targets(),
+        )
+        parts.folder.record_resume(done or 0, parts.guard.rollbacks)
+        if parts.guard.rollbacks:  # the timeline it resumes on samples as it did
+            ray.get(parts.manager.set_sampling_attempt.remote(parts.guard.rollbacks))
         self.follow_remedy(done or 0)
         if done is None:
             # a run killed before its first checkpoint starts again from step 0: its records would be duplicated
             dropped = (
-                h.sink.drop_from(0) + h.folder.drop_examples_from(0) + h.folder.drop_events_from(0, h.guard.rollbacks)
+                parts.sink.drop_from(0)
+                + parts.folder.drop_examples_from(0)
+                + parts.folder.drop_events_from(0, parts.guard.rollbacks)
             )
             if dropped:
-                logger.info("no checkpoint in %s: dropped %d records of an earlier attempt", h.folder.path, dropped)
-            if h.config.model.needs_first_push and h.transport is not None:
-                h.colocation.for_weight_push()
-                h.transport.push("0")
+                logger.info("no checkpoint in %s: dropped %d records of an earlier attempt", parts.folder.path, dropped)
+            if parts.config.model.needs_first_push and parts.transport is not None:
+                parts.colocation.for_weight_push()
+                parts.transport.push("0")
             return 0
         self.restore(done)
-        h.folder.drop_events_from(done, h.guard.rollbacks)
-        h.guard.replay(h.sink.read(), h.guard.rollback_steps, h.folder.eval_grades(), h.guard.rollback_targets)
+        parts.folder.drop_events_from(done, parts.guard.rollbacks)
+        parts.guard.replay(
+            parts.sink.read(), parts.guard.rollback_steps, parts.folder.eval_grades(), parts.guard.rollback_targets
+        )
         logger.info("resumed after step %d", done)
         return done
 
@@ -184,7 +191,7 @@ class Recovery:
         stop = next((event for event in events if event.action == "stop"), None)
         others = [event for event in events if event is not stop]
         log_events(others)
-        self.h.folder.record_events([event.record(self.h.guard.rollbacks) for event in others])
+        self.parts.folder.record_events([event.record(self.parts.guard.rollbacks) for event in others])
         if stop is not None:
             raise Decision(stop)
         return list(events)
@@ -200,17 +207,17 @@ class Recovery:
     def record_eval(self, result, step: int) -> Event | None:
         """A held-out evaluation, recorded under the version it evaluated (at step `step`, later when it ran beside
         training) and reviewed by the guard; returns the rollback it calls for, if any (a stop is raised)."""
-        from slime_search.rollout.evaluation import GRADES
+        from slime_search.rollout.eval_metrics import GRADES
 
-        h = self.h
+        parts = self.parts
         metrics = dict(result.metrics)
         grades = metrics.pop(GRADES, None)  # per question, in the eval set's order: kept apart from the metrics
         if grades is not None:
-            h.folder.record_grades(result.version, grades)
+            parts.folder.record_grades(result.version, grades)
         record = {**metrics, **result.record, "weight_version": result.version}
-        h.sink.log(result.version, {**record, "eval/lag_steps": step - result.version})
-        h.folder.record_examples(result.version, "eval", result.shown)
-        events = [self.name_target(event) for event in h.guard.review_eval(result.version, metrics, grades)]
+        parts.sink.log(result.version, {**record, "eval/lag_steps": step - result.version})
+        parts.folder.record_examples(result.version, "eval", result.shown)
+        events = [self.name_target(event) for event in parts.guard.review_eval(result.version, metrics, grades)]
         return next((event for event in self.report(events) if event.action == "rollback"), None)
 
     def name_target(self, event: Event) -> Event:
@@ -219,18 +226,18 @@ class Recovery:
         that version leaves its checkpoint unconfirmed)."""
         if event.action != "watch" or BEFORE not in event.values:
             return event
-        target = self.h.guard.rollback_target(self.h.folder.checkpoint_steps(), int(event.values[BEFORE]))
+        target = self.parts.guard.rollback_target(self.parts.folder.checkpoint_steps(), int(event.values[BEFORE]))
         where = "no checkpoint qualifies yet" if target is None else f"the checkpoint of step {target}"
         return replace(event, message=f"{event.message}; a rollback now would go back to {where}")
 
     def repush(self, version: int) -> None:
         """The engines served other weights than the trainer's, or seemed to: push the current ones again (each
         transport checks the version the engines then serve); the probe follows (run.engine_check)."""
-        h = self.h
-        if h.transport is None:
+        parts = self.parts
+        if parts.transport is None:
             return
-        h.colocation.for_weight_push()
-        served = h.transport.push(str(version))
+        parts.colocation.for_weight_push()
+        served = parts.transport.push(str(version))
         logger.warning("weights of version %d pushed again; the engines serve version %s", version, served)
 
     def roll_back(self, event: Event) -> int:
@@ -240,20 +247,20 @@ class Recovery:
         rollouts again from the returned step, with the remedy's schedule (RunParts.start_rollouts)."""
         import ray
 
-        h = self.h
+        parts = self.parts
         before = int(event.values.get(BEFORE, event.step))
-        kept = h.folder.checkpoint_steps()
-        target = h.guard.rollback_target(kept, before)
-        passed_over = target != h.guard.policy.target(kept, before)
-        if not h.guard.rollback_left(event.step):
-            budget = f"--max-rollbacks {h.config.health.max_rollbacks} within --health-rollback-window"
-            self.stop(event, f"no rollback left ({budget} {h.config.health.rollback_window})", before)
+        kept = parts.folder.checkpoint_steps()
+        target = parts.guard.rollback_target(kept, before)
+        passed_over = target != parts.guard.policy.target(kept, before)
+        if not parts.guard.rollback_left(event.step):
+            budget = f"--max-rollbacks {parts.config.health.max_rollbacks} within --health-rollback-window"
+            self.stop(event, f"no rollback left ({budget} {parts.config.health.rollback_window})", before)
         if target is None:
             self.stop(event, f"no checkpoint at or before step {before} stayed healthy to roll back to", before)
-        h.rollouts.stop()
-        plan = h.folder.plan_set_aside(target, f"rollback-at-step-{event.step}")
-        h.guard.rolled_back(target, event.step)
-        schedule = remedied_schedule(h.config.schedule, h.guard.rollbacks)
+        parts.schedule.stop()
+        plan = parts.folder.plan_set_aside(target, f"rollback-at-step-{event.step}")
+        parts.guard.rolled_back(target, event.step)
+        schedule = remedied_schedule(parts.config.schedule, parts.guard.rollbacks)
         self.follow_remedy(target)
         message = f"back to the checkpoint of step {target} ({event.rule} at step {event.step}); lr x{self.lr_scale:g}"
         if schedule.mode != "off":
@@ -262,15 +269,15 @@ class Recovery:
             message += "; the checkpoint a recent rollback went back to was passed over: the trouble came back from it"
         if plan.moving:
             message += (
-                f"; the checkpoints of steps {list(plan.moving)} it undid are kept in {h.folder.undone / plan.name}"
+                f"; the checkpoints of steps {list(plan.moving)} it undid are kept in {parts.folder.undone / plan.name}"
             )
         values = {"to_step": float(target), "lr_scale": self.lr_scale, "max_staleness": float(schedule.staleness)}
         done = Event(event.step, "rollback", event.rule, message, {**values, "set_aside": float(len(plan.moving))})
         log_events([done])
-        h.folder.carry_out(plan, done.record(h.guard.rollbacks))  # recorded first, then moved
+        parts.folder.carry_out(plan, done.record(parts.guard.rollbacks))  # recorded first, then moved
         self.restore(target)
-        ray.get(h.manager.set_sampling_attempt.remote(h.guard.rollbacks))  # the redone steps draw afresh
-        h.evaluator.rolled_back(target)
+        ray.get(parts.manager.set_sampling_attempt.remote(parts.guard.rollbacks))  # the redone steps draw afresh
+        parts.evaluator.rolled_back(target)
         return target
 
     def stop(self, event: Event, why: str | None = None, before: int | None = None) -> NoReturn:
@@ -278,39 +285,43 @@ class Recovery:
         after `before`, by default the event's own bound or step), the newer ones set aside so that a resume starts
         there; a stop of INPUT_RULES (the weights are not at fault) on the newest checkpoint. The stop is recorded
         (with RUN/stopped.json, transient for a fault that passes, and RUN/final.json) and raised (RunStopped)."""
-        h = self.h
+        parts = self.parts
         message, values = event.message if why is None else f"{event.message}; {why}", dict(event.values)
         before = int(event.values.get(BEFORE, event.step)) if before is None else before
         inputs = event.rule in INPUT_RULES
         ending = (
-            h.folder.latest_checkpoint() if inputs else h.guard.policy.stop_target(h.folder.checkpoint_steps(), before)
+            parts.folder.latest_checkpoint()
+            if inputs
+            else parts.guard.policy.stop_target(parts.folder.checkpoint_steps(), before)
         )
         plan = None
         if ending is not None:
-            h.rollouts.stop()
-            plan = h.folder.plan_set_aside(ending, f"stop-at-step-{event.step}")
+            parts.schedule.stop()
+            plan = parts.folder.plan_set_aside(ending, f"stop-at-step-{event.step}")
             message += f"; the run ends on the checkpoint of step {ending}"
             if inputs:
                 message += " (the newest: the weights are not at fault)"
             if plan.moving:
-                message += f" (the checkpoints of steps {list(plan.moving)} are kept in {h.folder.undone / plan.name})"
+                message += (
+                    f" (the checkpoints of steps {list(plan.moving)} are kept in {parts.folder.undone / plan.name})"
+                )
             values["ended_on"] = float(ending)
         else:
             message += (
                 f"; no checkpoint at or before step {before}: the run ends on the unsaved weights of step {event.step}"
             )
         stop = Event(event.step, "stop", event.rule, message, values)
-        record = stop.record(h.guard.rollbacks)
+        record = stop.record(parts.guard.rollbacks)
         log_events([stop])
         passing = passing_stop(stop)
         # the same command again refuses from here on, unless the fault passes
-        h.folder.record_stop(self.argv, record, advice(stop.rule, passing), transient=passing)
+        parts.folder.record_stop(self.argv, record, advice(stop.rule, passing), transient=passing)
         if plan is not None:
-            h.folder.carry_out(plan, record)  # recorded first, then moved
+            parts.folder.carry_out(plan, record)  # recorded first, then moved
         else:
-            h.folder.record_events([record])
+            parts.folder.record_events([record])
         reason = f"stopped by the health guard ({event.rule} at step {event.step})"
-        h.folder.record_final(ending, reason, h.config.save_hf, at_step=event.step)
+        parts.folder.record_final(ending, reason, parts.config.save_hf, at_step=event.step)
         if ending is not None and stop.rule != "disk_full":  # a full disk could not take the engines' copy
             self.serve_checkpoint(ending)
         raise RunStopped(f"{stop.message} (to go on: {advice(stop.rule, passing)})")
@@ -318,11 +329,11 @@ class Recovery:
     def follow_remedy(self, step: int) -> None:
         """The learning rate of the rollbacks still recent at `step`: lowered by each, restored as they age out of
         --health-rollback-window."""
-        scale = lr_scale(self.h.config.health.lr_factor, self.h.guard.recent_rollbacks(step))
+        scale = lr_scale(self.parts.config.health.lr_factor, self.parts.guard.recent_rollbacks(step))
         if scale != self.lr_scale:
             if scale > self.lr_scale:
                 logger.info("step %d: a rollback is no longer recent; learning rate x%g again", step, scale)
-            self.h.group.set_lr_scale(scale)
+            self.parts.group.set_lr_scale(scale)
             self.lr_scale = scale
 
     def end(self, steps_done: int) -> None:
@@ -332,10 +343,10 @@ class Recovery:
         way, and why. A confirmation that fails (an error, no result within its deadline) ends the run on its last
         weights, and final.json says so. The later checkpoints stay: the records and a resume with more rollouts
         continue from the last."""
-        h = self.h
-        checkpoints = h.folder.checkpoint_steps()
-        event, why_last, served = h.guard.end_on_best(checkpoints), "the last step", False
-        candidate = h.guard.end_candidate(checkpoints) if event is None else None
+        parts = self.parts
+        checkpoints = parts.folder.checkpoint_steps()
+        event, why_last, served = parts.guard.end_on_best(checkpoints), "the last step", False
+        candidate = parts.guard.end_candidate(checkpoints) if event is None else None
         if candidate is not None:
             try:
                 event, why_last = self.confirm_on_fresh(candidate[0], steps_done)
@@ -347,12 +358,12 @@ class Recovery:
                 logger.warning("health: %s", why_last)
             served = event is not None  # the confirmation left the checkpoint served
         if event is None:
-            h.folder.record_final(steps_done, why_last, h.config.save_hf)
+            parts.folder.record_final(steps_done, why_last, parts.config.save_hf)
             return
         target = int(event.values["ended_on"])
         if not served:
             self.serve_checkpoint(target)
-        h.folder.record_final(target, f"the best held-out evaluation: {event.message}", h.config.save_hf)
+        parts.folder.record_final(target, f"the best held-out evaluation: {event.message}", parts.config.save_hf)
         self.report([event])
 
     def fresh_questions(self):
@@ -361,8 +372,8 @@ class Recovery:
         from slime_search.evaluation.subsets import UngradedQuestions
         from slime_search.rollout.manager import evaluation_sizes
 
-        rollout = self.h.config.rollout
-        subset, size = rollout.eval_subset, self.h.config.health.end_confirm
+        rollout = self.parts.config.rollout
+        subset, size = rollout.eval_subset, self.parts.config.health.end_confirm
         if not size or (subset.size is None and subset.width is None):
             return None
         questions = UngradedQuestions(subset, size)
@@ -377,19 +388,19 @@ class Recovery:
         from ray.exceptions import GetTimeoutError
 
         from slime_search.evaluation.flags import eval_deadline_s
-        from slime_search.rollout.evaluation import GRADES
+        from slime_search.rollout.eval_metrics import GRADES
 
-        h = self.h
+        parts = self.parts
         fresh = self.fresh_questions()
         if fresh is None:  # every question of every set was graded: nothing to confirm on
             return None, "the last step"
         questions, count = fresh
-        deadline_s = eval_deadline_s(count, h.config.eval_timeout)
+        deadline_s = eval_deadline_s(count, parts.config.eval_timeout)
 
         def fresh_grades() -> list[float]:
-            h.colocation.for_generation()
+            parts.colocation.for_generation()
             try:
-                metrics, _ = ray.get(h.manager.evaluate.remote(0, questions), timeout=deadline_s)
+                metrics, _ = ray.get(parts.manager.evaluate.remote(0, questions), timeout=deadline_s)
             except GetTimeoutError:
                 raise TimeoutError(
                     f"no result within {deadline_s:.0f} s for {count} questions (--eval-timeout)"
@@ -411,7 +422,7 @@ class Recovery:
         except BaseException:
             self.serve_checkpoint(steps_done)  # the final weights again: the run ends on them
             raise
-        event = h.guard.end_on_confirmed(version, best, final)
+        event = parts.guard.end_on_confirmed(version, best, final)
         if event is not None:
             return event, ""
         self.serve_checkpoint(steps_done)  # the final weights again

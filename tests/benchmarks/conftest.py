@@ -9,9 +9,10 @@ import pytest
 
 @pytest.fixture(scope="package")
 def smallest_sft_start(tmp_path_factory) -> Path:
-    """A miniature at `engine_death.SMALLEST` with every phase before RL done (task, policy, index, SFT: the run
+    """A miniature at `miniature_runs.SMALLEST` with every phase before RL done (task, policy, index, SFT: the run
     script with STOP_AFTER=sft), made once for the smoke runs that start RL runs from it. Use `copy_of`."""
-    from benchmarks.engine_death import SCRIPT, script_env
+    from benchmarks.harness.miniature_runs import script_env
+    from benchmarks.harness.paths import MINIATURE_SCRIPT as SCRIPT
 
     run_dir = tmp_path_factory.mktemp("smallest_sft_start") / "run"
     env = script_env(run_dir, smallest=True, STOP_AFTER="sft")

@@ -7,7 +7,8 @@ import shlex
 
 import pytest
 
-from benchmarks import async_modes
+from benchmarks.harness import miniature_runs
+from benchmarks.studies import async_modes
 from slime_search.miniature.task import make_task, write_task
 
 SCRIPT_TEXT = async_modes.SCRIPT.read_text()
@@ -82,15 +83,15 @@ def test_replicas_sample_and_order_prompts_with_seeds_of_their_own(tmp_path):
         required = ["--hf-checkpoint", str(tmp_path), "--prompt-data", "x.parquet", "--save", str(tmp_path)]
         run_script = [*required, "--num-rollout", "1", "--rollout-batch-size", "8", "--seed", str(seed)]
         run_script += ["--rollout-seed", str(seed)]  # what run_miniature_cpu.sh passes before RL_ARGS
-        return build_parser().parse_args([*run_script, *async_modes.run_flags(mode, 2, seed, replica).split()])
+        return build_parser().parse_args([*run_script, *miniature_runs.run_flags(mode, 2, seed, replica).split()])
 
     first, third = parsed("fully", 2, 0), parsed("fully", 2, 2)
     assert (first.seed, first.rollout_seed, first.async_mode, first.max_staleness) == (2, 2, "fully", 2)
-    assert third.seed == third.rollout_seed == async_modes.replica_seed(2, 2) != 2
+    assert third.seed == third.rollout_seed == miniature_runs.replica_seed(2, 2) != 2
     assert parsed("off", 2, 1).async_mode == "off"
-    assert len({async_modes.replica_seed(seed, r) for seed in range(3) for r in range(5)}) == 15
-    assert async_modes.run_name("fully", "5e-4", 0) == "rl-fully-lr5e-4"
-    assert async_modes.run_name("fully", "5e-4", 3) == "rl-fully-lr5e-4-rep3"
+    assert len({miniature_runs.replica_seed(seed, r) for seed in range(3) for r in range(5)}) == 15
+    assert miniature_runs.run_name("fully", "5e-4", 0) == "rl-fully-lr5e-4"
+    assert miniature_runs.run_name("fully", "5e-4", 3) == "rl-fully-lr5e-4-rep3"
 
 
 def test_wide_eval_reads_the_eval_tools_metrics_once_written(tmp_path):
@@ -103,8 +104,8 @@ def test_wide_eval_reads_the_eval_tools_metrics_once_written(tmp_path):
 
 
 def test_extra_args_reach_every_run_after_the_modes_own_flags():
-    assert async_modes.run_flags("off", 2, 0, 0, "--save-interval 2") == "--async-mode off --save-interval 2"
-    flags = async_modes.run_flags("fully", 2, 1, 3, "--no-health-guard").split()
+    assert miniature_runs.run_flags("off", 2, 0, 0, "--save-interval 2") == "--async-mode off --save-interval 2"
+    flags = miniature_runs.run_flags("fully", 2, 1, 3, "--no-health-guard").split()
     assert flags[-1] == "--no-health-guard" and flags[flags.index("--seed") + 1] == "3001"
 
 
@@ -112,7 +113,7 @@ def test_a_run_the_guard_stopped_is_a_result_evaluated_on_its_last_saved_weights
     run = tmp_path / "rl-fully"
     for step in (2, 10, 4):
         (run / "weights" / f"step_{step}").mkdir(parents=True)
-    assert not async_modes.stopped(run)
+    assert not miniature_runs.stopped(run)
     arguments = async_modes.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
     assert arguments[arguments.index("--hf-checkpoint") + 1] == str(run / "weights" / "step_20")
     events = [
@@ -124,10 +125,10 @@ def test_a_run_the_guard_stopped_is_a_result_evaluated_on_its_last_saved_weights
         {"step": 10, "action": "stop"},
     ]
     (run / "health.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    assert async_modes.stopped(run)
+    assert miniature_runs.stopped(run)
     arguments = async_modes.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
     assert arguments[arguments.index("--hf-checkpoint") + 1] == str(run / "weights" / "step_10")  # not step_4
-    assert async_modes.health_summary(run) == {
+    assert miniature_runs.health_summary(run) == {
         "rollbacks": 1,
         "warnings": 1,
         "watches": 1,
@@ -135,7 +136,7 @@ def test_a_run_the_guard_stopped_is_a_result_evaluated_on_its_last_saved_weights
         "ended_on_best": -1.0,
     }
     with pytest.raises(FileNotFoundError, match="no weights"):
-        async_modes.final_weights(tmp_path / "empty")
+        miniature_runs.final_weights(tmp_path / "empty")
 
 
 def test_a_run_that_ended_on_its_best_checkpoint_is_evaluated_on_it(tmp_path):
@@ -143,15 +144,15 @@ def test_a_run_that_ended_on_its_best_checkpoint_is_evaluated_on_it(tmp_path):
     (run / "weights" / "step_14").mkdir(parents=True)  # the disk transport's last push: the checkpoint ended on
     events = [{"step": 20, "action": "end_on_best", "rule": "late_decline", "values": {"ended_on": 14.0}}]
     (run / "health.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    assert async_modes.ended_on_best(run) == 14 and not async_modes.stopped(run)
-    assert async_modes.health_summary(run)["ended_on_best"] == 14.0
+    assert miniature_runs.ended_on_best(run) == 14 and not miniature_runs.stopped(run)
+    assert miniature_runs.health_summary(run)["ended_on_best"] == 14.0
     arguments = async_modes.eval_arguments(run, 20, tmp_path / "h.parquet", "http://x/retrieve")
     assert arguments[arguments.index("--hf-checkpoint") + 1] == str(run / "weights" / "step_14")
 
 
 def test_the_health_table_counts_runs_ending_below_their_seeds_synchronous_mean():
-    assert async_modes.deepest_dip([0.1, 0.8, 0.5, 0.9, 0.85]) == pytest.approx(0.3)
-    assert async_modes.deepest_dip([0.1, 0.2, 0.3]) == 0.0
+    assert miniature_runs.deepest_dip([0.1, 0.8, 0.5, 0.9, 0.85]) == pytest.approx(0.3)
+    assert miniature_runs.deepest_dip([0.1, 0.2, 0.3]) == 0.0
 
     def run(wide_em, curve=(0.1, 0.8), rollbacks=0, stopped=0.0):
         return {"wide_em": wide_em, "em_curve": list(curve), "rollbacks": rollbacks, "warnings": 2, "stopped": stopped}

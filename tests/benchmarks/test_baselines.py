@@ -1,11 +1,11 @@
-"""Benchmark figures as data (benchmarks/baselines.json): a figure made 30% worse than its baseline is a regression,
-every baseline is of a benchmark whose smoke test checks it, and the check reads both directions."""
+"""Benchmark figures as data (benchmarks/harness/baselines.json): a figure made 30% worse than its baseline is a
+regression, every baseline is of a benchmark whose smoke test checks it, and the check reads both directions."""
 
 import json
 
 import pytest
 
-from benchmarks.baselines import BASELINES, Baseline, load_baselines, regressions
+from benchmarks.harness.baselines import BASELINES, Baseline, load_baselines, regressions
 from tests.conftest import REPO_ROOT
 
 

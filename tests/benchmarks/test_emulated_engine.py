@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from benchmarks.stand_in_engines.emulated import LAG_MADE_UP_S, EmulatedEngine, GpuTiming, Request
+from benchmarks.harness.stand_in_engines.emulated import LAG_MADE_UP_S, EmulatedEngine, GpuTiming, Request
 from slime_search.search_r1.prompt import make_prompt
 from slime_search.utils.server_process import ServerProcess
 
@@ -104,7 +104,7 @@ def engine(tiny_checkpoint, tmp_path_factory):
     rows = [{"question": "where does the red otter live", "response": LONG_TURN}]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     timing = json.dumps({"itl": [[1, 0.01], [1024, 0.01]], "push_s": 0.2})  # 10 ms a token, whatever the batch
-    argv = ["-m", "benchmarks.stand_in_engines.emulated", "--tokenizer", str(tiny_checkpoint), "--port", "0"]
+    argv = ["-m", "benchmarks.harness.stand_in_engines.emulated", "--tokenizer", str(tiny_checkpoint), "--port", "0"]
     with ServerProcess([*argv, "--trajectories", str(path), "--timing", timing]) as process:
         yield process.url
 

@@ -6,7 +6,7 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
-from benchmarks import end_rule
+from benchmarks.studies import end_rule
 
 
 def test_the_simulation_prints_a_row_per_fall_drop_and_confirmation(capsys):

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from benchmarks.engine_death import main, records
+from benchmarks.studies.engine_death import main, records
 from tests.benchmarks.conftest import copy_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

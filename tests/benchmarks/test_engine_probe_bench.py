@@ -2,7 +2,7 @@
 
 import json
 
-from benchmarks import engine_probe
+from benchmarks.perf import engine_probe
 from slime_search.health.config import HealthConfig
 
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from benchmarks.eval_beside import main
+from benchmarks.studies.eval_beside import main
 from tests.benchmarks.conftest import copy_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -3,7 +3,7 @@
 import json
 import random
 
-from benchmarks.eval_intervals import main
+from benchmarks.studies.eval_intervals import main
 
 
 def test_the_coverage_table_has_a_row_per_set_and_size_and_the_average(tmp_path, capsys):

@@ -3,7 +3,7 @@ measures every call it names."""
 
 import re
 
-from benchmarks.eval_scale import FULL_SETS, main, synthetic_runs
+from benchmarks.perf.eval_scale import FULL_SETS, main, synthetic_runs
 
 
 def test_the_synthetic_runs_are_the_seven_sets_with_one_id_per_question():

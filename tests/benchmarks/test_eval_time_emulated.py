@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from benchmarks.eval_time_emulated import FULL_QUESTIONS, estimate, main, write_sets
+from benchmarks.perf.eval_time_emulated import FULL_QUESTIONS, estimate, main, write_sets
 
 
 def test_the_estimate_scales_the_pace_per_question_to_the_seven_sets_and_the_recipes_engines():

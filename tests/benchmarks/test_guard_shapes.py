@@ -8,8 +8,8 @@ import logging
 import numpy as np
 import pytest
 
-from benchmarks import guard_shapes
-from benchmarks.baselines import check_baselines
+from benchmarks.harness.baselines import check_baselines
+from benchmarks.studies import guard_shapes
 from slime_search.health.config import HealthConfig
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmarks.guard_twins import compare, false_alarm_rules, main, summary_table, twin_table, verdict
+from benchmarks.studies.guard_twins import compare, false_alarm_rules, main, summary_table, twin_table, verdict
 from slime_search.health.config import HealthConfig
 from slime_search.utils.records import append_records
 

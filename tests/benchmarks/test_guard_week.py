@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from benchmarks import guard_week
-from benchmarks.guard_week.faults import faults_for
-from benchmarks.guard_week.shapes import SHAPES
-from benchmarks.guard_week.world import PASSING_S
+from benchmarks.studies import guard_week
+from benchmarks.studies.guard_week.faults import faults_for
+from benchmarks.studies.guard_week.shapes import SHAPES
+from benchmarks.studies.guard_week.world import PASSING_S
 
 RECIPE_FAULTS = [
     "retriever_outage",
@@ -79,7 +79,7 @@ def test_the_world_is_not_sized_to_the_rules(tmp_path):
     # every passing fault is over well within --health-max-outage-hours: waited out, never a stop
     assert max(PASSING_S.values()) < rules.max_outage_hours * 3600
     # the recipe's intervals, which do not divide each other (checkpoints at 20, 25, 40, 50, 60, 75, 80, ...)
-    from benchmarks.guard_week.shapes import setup
+    from benchmarks.studies.guard_week.shapes import setup
 
     config = setup("recipe", tmp_path, tmp_path / "run").config
     assert (config.save_interval, config.eval_interval, config.keep_checkpoints) == (20, 25, 2)

@@ -1,6 +1,6 @@
 """The overhead benchmark's batch has the miniature's shape and an observation span out of the loss."""
 
-from benchmarks.health_overhead import batch
+from benchmarks.perf.health_overhead import batch
 
 
 def test_the_batch_mixes_advantages_and_masks_an_observation():

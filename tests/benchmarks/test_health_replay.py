@@ -1,6 +1,6 @@
 """The guard replayed over a run's records, against the version its held-out metric fell."""
 
-from benchmarks.health_replay import first_drop, replay, row, summary
+from benchmarks.studies.health_replay import first_drop, replay, row, summary
 from slime_search.health.config import HealthConfig
 from slime_search.utils.records import append_records
 

@@ -1,6 +1,6 @@
 """The held-out rule simulation runs at its smallest size, through the real guard, and its figures are shares."""
 
-from benchmarks import heldout_rules
+from benchmarks.studies import heldout_rules
 
 
 def test_the_simulation_prints_a_row_per_rule_with_shares(capsys):

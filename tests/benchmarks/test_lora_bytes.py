@@ -2,8 +2,8 @@
 
 import pytest
 
-from benchmarks.baselines import check_baselines
-from benchmarks.lora_bytes import main
+from benchmarks.harness.baselines import check_baselines
+from benchmarks.perf.lora_bytes import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

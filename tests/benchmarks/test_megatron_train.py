@@ -12,7 +12,7 @@ SMALLEST += ["--intermediate-size", "512", "--samples", "2", "--seq-len", "64", 
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "benchmarks.megatron_train", *args]
+    command = [sys.executable, "-m", "benchmarks.perf.megatron_train", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=540)
 
 

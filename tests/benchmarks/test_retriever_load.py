@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmarks import retriever_load
+from benchmarks.perf import retriever_load
 from local_dense_retriever import build_index
 from tests.retriever_helpers import write_tiny_corpus
 

@@ -4,7 +4,7 @@ index built by build_index.build_faiss and grown, recall against an exact numpy 
 import numpy as np
 import pytest
 
-from benchmarks import retriever_scale as scale
+from benchmarks.perf import retriever_scale as scale
 
 SHARD = 1024
 SIZES = [2 * SHARD, 4 * SHARD]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.retriever_throughput import main
+from benchmarks.perf.retriever_throughput import main
 from local_dense_retriever import build_index
 from tests.retriever_helpers import minilm_path, write_tiny_corpus
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmarks.rollout_concurrency import main
+from benchmarks.perf.rollout_concurrency import main
 from tests.retriever_helpers import write_tiny_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -1,5 +1,5 @@
-"""The step-throughput benchmark drives the real driver loop (slime_search.run.loop.run_steps) in all three modes: at its
-smallest size it runs and prints its table, so a change of the driver's interface cannot break it unseen."""
+"""The step-throughput benchmark drives the real driver loop (slime_search.run.loop.run_steps) in all three modes: at
+its smallest size it runs and prints its table, so a change of the driver's interface cannot break it unseen."""
 
 import json
 import tempfile
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import rollout_overlap
+from benchmarks.perf import rollout_overlap
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

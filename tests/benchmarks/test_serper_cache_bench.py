@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serper_cache import main
+from benchmarks.harness.baselines import check_baselines
+from benchmarks.perf.serper_cache import main
 from slime_search.utils.server_process import ServerProcess
 from tests.conftest import REPO_ROOT
 
@@ -31,4 +32,7 @@ def test_a_replayed_pass_bills_nothing_and_sees_what_the_recorded_pass_saw(share
     assert record["searches"] > 0 and record["billed_calls"] > 0
     assert replay["billed_calls"] == 0 and replay["cache_hits"] == replay["searches"] == record["searches"]
     assert same == {"identical_trajectories": 4, "of": 4}
+    figures = {f"{line['pass']}/{name}": line[name] for line in (record, replay) for name in ("billed_calls", "failed")}
+    figures |= {"replay-only/hit_rate": replay["hit_rate"], "identical_trajectories": same["identical_trajectories"]}
+    check_baselines("serper_cache --num-trajectories 4 --concurrency 4", figures)
     assert set(Path(tempfile.gettempdir()).glob("bench-serper-*")) == before  # its folder is removed

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serper_inflight import load_trajectories, main, turns_of
+from benchmarks.harness.baselines import check_baselines
+from benchmarks.perf.serper_inflight import load_trajectories, main, turns_of
 from slime_search.search_r1.serper_cache import normalise_query
 
 pytestmark = pytest.mark.timeout(300)
@@ -30,3 +31,5 @@ def test_a_step_of_agreeing_groups_bills_each_distinct_query_once_when_shared(sh
     assert summary["billed_shared"] == len(distinct)  # every duplicate in flight rode on one call
     assert step["saved"] >= 4 * searching  # at least the first query of each group: 5 sent at once, 1 billed
     assert step["billed_shared"] + step["shared"] <= step["searches"]
+    figures = {name: summary[name] for name in ("billed_shared", "saved_fraction")}
+    check_baselines("serper_inflight --steps 1 --prompts-per-step 4 --jitter 0 --agreement 1", figures)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.weight_gather import main
+from benchmarks.perf.weight_gather import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 SMALLEST = ["--hidden-size", "64", "--num-layers", "1", "--num-heads", "4", "--num-kv-heads", "2"]

@@ -3,7 +3,7 @@ engine, which must serve every pushed version (the benchmark checks each push)."
 
 import pytest
 
-from benchmarks.weight_push import main
+from benchmarks.perf.weight_push import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

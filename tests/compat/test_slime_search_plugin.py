@@ -103,7 +103,7 @@ def test_slimes_search_plugin_searches_through_the_retriever_and_trains_as_slime
         import asyncio
 
         asyncio.run(slime_plugin.reward_func(None, Sample(prompt="p", response="r")))
-    argv = ["-m", "benchmarks.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint),
+    argv = ["-m", "benchmarks.harness.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint),
             "--script", str(task[0] / "script.json"), "--port", "0"]  # fmt: skip
     with ServerProcess(argv) as engine:
         groups, batch, plugin_args = run_slime_plugin(

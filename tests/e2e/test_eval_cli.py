@@ -37,7 +37,7 @@ def test_eval_reports_em_and_search_rate_per_data_source(tiny_checkpoint, tmp_pa
                        "hotpotqa", "test", 0)]  # fmt: skip
     pq.write_table(pa.Table.from_pylist(nq), tmp_path / "nq.parquet")
     pq.write_table(pa.Table.from_pylist(hotpot), tmp_path / "hotpot.parquet")
-    engine_argv = ["-m", "benchmarks.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint),
+    engine_argv = ["-m", "benchmarks.harness.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint),
                    "--script", str(tmp_path / "script.json"), "--port", "0"]  # fmt: skip
     retriever_argv = ["--retriever-name", "bm25", "--index-path", str(tmp_path / "bm25"),
                       "--corpus-path", str(tmp_path / "corpus.jsonl")]  # fmt: skip

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.multiprocessing import reductions
 
-from benchmarks import engine_fuzz
 from slime_search.utils.server_process import ServerProcess
+from tests.probes import engine_fuzz
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

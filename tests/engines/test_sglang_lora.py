@@ -196,9 +196,9 @@ def test_grpo_pushes_the_adapters_alone_and_the_engine_answers_every_request_wit
 
 
 def test_the_lora_push_benchmark_times_both_ways_at_its_smallest_size(lora_engine, tiny_checkpoint, capsys):
-    """benchmarks/lora_push.py against the same engine, one push each way: the folded weights (the engine's own, so
+    """benchmarks/perf/lora_push.py against the same engine, one push each way: the folded weights (the engine's own, so
     it serves as before) and rank-8 adapters, each acknowledged by the version the engine then reports."""
-    from benchmarks.lora_push import main
+    from benchmarks.perf.lora_push import main
 
     lora_engine.reset()
     assert (

@@ -211,7 +211,7 @@ class Evaluator:
         self.config, self.world = config, world
 
     def results(self, step):
-        from slime_search.run.eval_beside import EvalResult
+        from slime_search.run.eval_engine import EvalResult
 
         if not self.config.eval_due(step):
             return []
@@ -251,17 +251,17 @@ def run(tmp_path, world: World, steps=20, mode="off", **health):
     )  # fmt: skip
     folder = RunFolder(config.run_dir)
     manager, group = Actor(Manager(world)), Group(world)
-    h = RunParts(
+    parts = RunParts(
         config, folder, MetricsSink(folder.path), group, HealthGuard(config.health), manager, Push(world),
         Colocation(False, group, manager), Evaluator(config, world), create_schedule(config.schedule, manager),
     )  # fmt: skip
-    h.restart_down_engines = lambda: []
+    parts.restart_down_engines = lambda: []
     stopped = None
     try:
-        run_steps(h, Recovery(h), 0)
+        run_steps(parts, Recovery(parts), 0)
     except RunStopped as err:
         stopped = str(err)
-    h.sink.close()
+    parts.sink.close()
     return folder, folder.events(), stopped
 
 

@@ -198,20 +198,20 @@ def train(world, run_dir: Path, group, clock, mode="off", steps=3, argv=("--x",)
     world.ray.get(world.manager.load_state_dict.remote({"data": {"epoch": 0, "offset": 0}}))
     config = run_config(run_dir, mode, steps, HealthConfig(**health))
     run = RunFolder(config.run_dir)
-    h = RunParts(
+    parts = RunParts(
         config, run, MetricsSink(run.path), group, HealthGuard(config.health), world.manager, None,
         Colocation(False, group, world.manager), NoEval(), create_schedule(config.schedule, world.manager),
         clock=clock, checkpoint_bytes=checkpoint_bytes,
     )  # fmt: skip
-    recovery, stopped = Recovery(h, list(argv)), None
+    recovery, stopped = Recovery(parts, list(argv)), None
     try:
-        run_steps(h, recovery, recovery.resume())
+        run_steps(parts, recovery, recovery.resume())
     except RunStopped as err:
         stopped = str(err)
     finally:
-        h.rollouts.stop()
-        h.sink.close()
-    return h, stopped
+        parts.schedule.stop()
+        parts.sink.close()
+    return parts, stopped
 
 
 def step_records(run_dir: Path) -> list[dict]:
@@ -224,7 +224,7 @@ def test_a_ten_minute_retriever_outage_is_waited_out_and_the_step_trained_once_i
     world.retriever.down()
     clock = OutageClock(world.retriever, back_at=600.0)
     group = SimGroup()
-    h, stopped = train(world, tmp_path / "run", group, clock, mode)
+    parts, stopped = train(world, tmp_path / "run", group, clock, mode)
     assert stopped is None
     # tries at 0, 15, 45, 105, 225 and 465 s fail; the one at 765 s finds the retriever back
     assert clock.sleeps == [15, 30, 60, 120, 240, 300]
@@ -232,15 +232,15 @@ def test_a_ten_minute_retriever_outage_is_waited_out_and_the_step_trained_once_i
     assert [r["step"] for r in records] == [0, 1, 2] and len(group.trained) == 3  # every step trained, once
     assert records[0]["health/paused_s"] == 765 and records[0]["health/pauses"] == 6
     assert records[1]["health/paused_s"] == 0 and records[0]["rollout/search_failures"] == 0
-    pauses = [e for e in h.folder.events() if e["action"] == "pause"]
+    pauses = [e for e in parts.folder.events() if e["action"] == "pause"]
     assert [e["values"][OUTAGE] for e in pauses] == [0, 15, 45, 105, 225, 465]
     assert {(e["step"], e["rule"]) for e in pauses} == {(0, "search_failures")}
     assert world.retriever.url in pauses[0]["message"] and "waiting 15 s and trying again" in pauses[0]["message"]
-    assert not [e for e in h.folder.events() if e["action"] in ("skip", "stop", "rollback")]
+    assert not [e for e in parts.folder.events() if e["action"] in ("skip", "stop", "rollback")]
     if mode == "off":  # each failed try passed over its batch's prompts; the steps took theirs in the file's order
         taken = [[(2 * k) % PROMPTS, (2 * k + 1) % PROMPTS] for k in range(9)]
         assert group.trained == taken[6:]
-    state = json.loads((h.folder.checkpoints / "iter_0000003" / "rollout_state.json").read_text())["data"]
+    state = json.loads((parts.folder.checkpoints / "iter_0000003" / "rollout_state.json").read_text())["data"]
     taken_prompts = state["epoch"] * PROMPTS + state["offset"] - len(state["given_back"])
     assert taken_prompts == 9 * BATCH  # 3 steps and 6 failed tries: nothing else was drawn, nothing given back twice
 
@@ -253,24 +253,26 @@ def test_an_outage_past_the_limit_stops_on_the_newest_checkpoint_and_the_same_co
     run = tmp_path / "run"
     group = SimGroup(after_step=lambda step: world.retriever.down() if step == 1 else None)
     clock = OutageClock(world.retriever)
-    h, stopped = train(world, run, group, clock, steps=4, max_outage_hours=0.1)
+    parts, stopped = train(world, run, group, clock, steps=4, max_outage_hours=0.1)
     assert stopped is not None and "past --health-max-outage-hours 0.1" in stopped
     assert "once the retriever behind --search-url answers again" in stopped and "run the same command" in stopped
     assert clock.sleeps == [15, 30, 60, 120, 135] and len(group.trained) == 2
-    [stop] = [e for e in h.folder.events() if e["action"] == "stop"]
+    [stop] = [e for e in parts.folder.events() if e["action"] == "stop"]
     assert stop["step"] == 2 and stop["values"]["ended_on"] == 2 and stop["values"][OUTAGE] == 360
     assert "the run ends on the checkpoint of step 2 (the newest: the weights are not at fault)" in stop["message"]
-    assert h.guard.policy.stop_target(h.folder.checkpoint_steps(), 2) == 0  # where a stop of the policy would go
+    assert (
+        parts.guard.policy.stop_target(parts.folder.checkpoint_steps(), 2) == 0
+    )  # where a stop of the policy would go
     final = json.loads((run / "final.json").read_text())
     assert final["step"] == 2 and final["checkpoint"] == "checkpoints/iter_0000002"
     assert json.loads((run / "stopped.json").read_text())["transient"] is True
-    assert h.folder.checkpoint_steps() == [0, 1, 2] and h.folder.undone_checkpoints() == []
+    assert parts.folder.checkpoint_steps() == [0, 1, 2] and parts.folder.undone_checkpoints() == []
     from slime_search.run.recovery import repeated_stop
 
     assert repeated_stop(run, ["--x"]) is None and not (run / "stopped.json").exists()  # the same command goes on
     world.retriever.up()
     resumed = SimGroup()
-    h, stopped = train(world, run, resumed, OutageClock(world.retriever), steps=4, max_outage_hours=0.1)
+    parts, stopped = train(world, run, resumed, OutageClock(world.retriever), steps=4, max_outage_hours=0.1)
     assert stopped is None and len(resumed.trained) == 2
     assert [r["step"] for r in step_records(run)] == [0, 1, 2, 3]
     assert json.loads((run / "final.json").read_text())["step"] == 4
@@ -297,17 +299,17 @@ def test_a_full_save_disk_is_waited_out_with_nothing_lost(world, tmp_path, fails
             super().sleep(seconds)
 
     clock = Watching(world.retriever)
-    h, stopped = train(world, run, full, clock, steps=3, max_outage_hours=0.1, checkpoint_bytes=10**6)
+    parts, stopped = train(world, run, full, clock, steps=3, max_outage_hours=0.1, checkpoint_bytes=10**6)
     assert all(s == (["iter_0000000", "iter_0000001", "latest_checkpointed_iteration.txt"], 1) for s in seen)
     assert not partial_dir(run / "checkpoints", 2).exists()
-    pauses = [e for e in h.folder.events() if e["action"] == "pause"]
+    pauses = [e for e in parts.folder.events() if e["action"] == "pause"]
     assert pauses and {(e["step"], e["rule"]) for e in pauses} == {(1, "disk_full")}
     assert f"saving the checkpoint of step 2: the disk of --save {run} has no room for it" in pauses[0]["message"]
     assert "one checkpoint needs 0.0 GB, " in pauses[0]["message"]
     assert "GB are free there: free space on that disk, or keep fewer checkpoints" in pauses[0]["message"]
     if fails == 2:
         assert full.left == 0 and stopped is None and clock.sleeps == [15, 30]
-        assert h.folder.checkpoint_steps() == [0, 1, 2, 3] and [r["step"] for r in step_records(run)] == [0, 1, 2]
+        assert parts.folder.checkpoint_steps() == [0, 1, 2, 3] and [r["step"] for r in step_records(run)] == [0, 1, 2]
         return
     assert stopped is not None and "free space on the disk of --save" in stopped
     stop = json.loads((run / "stopped.json").read_text())
@@ -321,10 +323,10 @@ def test_a_disk_without_room_for_one_checkpoint_is_found_before_the_save_starts(
     world.retriever.up()
     run = tmp_path / "run"
     group = SimGroup()
-    h, stopped = train(world, run, group, OutageClock(world.retriever), steps=2, max_outage_hours=0.01,
+    parts, stopped = train(world, run, group, OutageClock(world.retriever), steps=2, max_outage_hours=0.01,
                        checkpoint_bytes=10**18)  # fmt: skip
     assert group.saved == [] and stopped is not None  # not even the starting weights could be saved
-    [pause, *_, stop] = [e for e in h.folder.events() if e["rule"] == "disk_full"]
+    [pause, *_, stop] = [e for e in parts.folder.events() if e["rule"] == "disk_full"]
     assert "one checkpoint needs 1000000000.0 GB" in pause["message"] and stop["action"] == "stop"
     assert json.loads((run / "final.json").read_text())["checkpoint"] is None
 

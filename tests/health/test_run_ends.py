@@ -69,12 +69,12 @@ class GradingManager:
 
     def warm(self) -> None:
         """The imports of an evaluation, done before one is timed (a real manager has them by its first)."""
-        import slime_search.rollout.evaluation
+        import slime_search.rollout.eval_metrics
         import slime_search.rollout.manager  # noqa: F401
 
     def evaluate(self, examples=0, subset=None):
         from slime_search.rollout.data_source import DataConfig
-        from slime_search.rollout.evaluation import GRADES, evaluate_samples, question_grades
+        from slime_search.rollout.eval_metrics import GRADES, evaluate_samples, question_grades
         from slime_search.rollout.manager import evaluation_samples
         from slime_search.types import Sample
 
@@ -186,8 +186,8 @@ def late_fall() -> HealthGuard:
     return guard
 
 
-def final_json(h) -> dict:
-    return json.loads((h.folder.path / "final.json").read_text())
+def final_json(parts) -> dict:
+    return json.loads((parts.folder.path / "final.json").read_text())
 
 
 def test_a_late_fall_is_confirmed_on_the_left_out_questions_of_the_sets_that_have_any(ray_session, grading, tmp_path):
@@ -195,16 +195,16 @@ def test_a_late_fall_is_confirmed_on_the_left_out_questions_of_the_sets_that_hav
     the run ends on checkpoint 900, which the engines serve."""
     eval_sets = (("nq", write_set(tmp_path, "nq", 1000)), ("bamboogle", write_set(tmp_path, "bamboogle", 125)))
     manager = grading(eval_sets)
-    h = handles(tmp_path, late_fall(), manager, ray_session, eval_sets)
-    save(h.folder, 900, 1000)
-    Recovery(h).end(1000)
+    parts = handles(tmp_path, late_fall(), manager, ray_session, eval_sets)
+    save(parts.folder, 900, 1000)
+    Recovery(parts).end(1000)
     assert ray_session.get(manager.evaluations.remote()) == [{"nq": 500}, {"nq": 500}]  # the final weights, then 900
-    final = final_json(h)
+    final = final_json(parts)
     assert final["step"] == 900 and final["checkpoint"] == "checkpoints/iter_0000900"
     fresh = UngradedQuestions(EvalSubset(size=500), 500).indices("nq", 1000)
     on_final, on_best = (sum(right(row, FRESH_SCORE[v]) for row in fresh) / 500 for v in (1000, 900))
     assert f"on 500 questions the evaluations did not grade {on_final:.3f} against {on_best:.3f}" in final["reason"]
-    assert h.group.loaded == [900] and [e["action"] for e in h.folder.events()] == ["end_on_best"]
+    assert parts.group.loaded == [900] and [e["action"] for e in parts.folder.events()] == ["end_on_best"]
 
 
 def test_with_every_question_graded_somewhere_nothing_is_left_to_confirm_on(ray_session, grading, tmp_path):
@@ -217,11 +217,11 @@ def test_with_every_question_graded_somewhere_nothing_is_left_to_confirm_on(ray_
     for version, grades in ((900, best), (1000, final)):
         guard.review_eval(version, {"eval/score": sum(grades) / len(grades)}, grades)
     assert guard.end_on_best([900, 1000]) is None and guard.end_candidate([900, 1000]) is not None
-    h = handles(tmp_path, guard, manager, ray_session, eval_sets)
-    save(h.folder, 900, 1000)
-    Recovery(h).end(1000)
-    assert ray_session.get(manager.evaluations.remote()) == [] and h.group.loaded == []
-    assert final_json(h) == {"step": 1000, "checkpoint": "checkpoints/iter_0001000", "hf": None,
+    parts = handles(tmp_path, guard, manager, ray_session, eval_sets)
+    save(parts.folder, 900, 1000)
+    Recovery(parts).end(1000)
+    assert ray_session.get(manager.evaluations.remote()) == [] and parts.group.loaded == []
+    assert final_json(parts) == {"step": 1000, "checkpoint": "checkpoints/iter_0001000", "hf": None,
                              "reason": "the last step"}  # fmt: skip
 
 
@@ -234,16 +234,19 @@ def test_a_confirmation_that_fails_or_passes_its_deadline_ends_the_run_on_its_la
     ends on its last weights, served again, and RUN/final.json says why."""
     eval_sets = (("nq", write_set(tmp_path, "nq", 100)), ("bamboogle", write_set(tmp_path, "bamboogle", 25)))
     manager = grading(eval_sets, **{fault: 2})
-    h = handles(tmp_path, late_fall(), manager, ray_session, eval_sets, eval_sample=50, eval_timeout=4.0)
-    save(h.folder, 900, 1000)
+    parts = handles(tmp_path, late_fall(), manager, ray_session, eval_sets, eval_sample=50, eval_timeout=4.0)
+    save(parts.folder, 900, 1000)
     started = time.monotonic()
-    Recovery(h).end(1000)
+    Recovery(parts).end(1000)
     assert time.monotonic() - started < 60
-    final = final_json(h)
+    final = final_json(parts)
     assert final["step"] == 1000 and final["checkpoint"] == "checkpoints/iter_0001000"
     assert final["reason"].startswith("the last step: the late fall to the checkpoint of step 900 could not be "
                                       "confirmed") and cause in final["reason"]  # fmt: skip
-    assert h.group.loaded == [900, 1000]  # the checkpoint was served for its evaluation, then the last weights again
+    assert parts.group.loaded == [
+        900,
+        1000,
+    ]  # the checkpoint was served for its evaluation, then the last weights again
     assert ray_session.get(manager.evaluations.remote())[0] == {"nq": 50}
 
 
@@ -255,44 +258,53 @@ def guard_after(steps: int) -> HealthGuard:
 
 
 def test_a_stop_on_unusable_rewards_ends_on_a_checkpoint_and_names_it_in_final_json(tmp_path):
-    """A reward plugin's NaNs at step 45 stop the run (a stop raised through `report` to the loop, not a rollback budget): it ends
-    on the checkpoint of step 40, served, with RUN/final.json and RUN/stopped.json; exit code 3 follows RunStopped."""
+    """A reward plugin's NaNs at step 45 stop the run (a stop raised through `report` to the loop, not a rollback
+    budget): it ends on the checkpoint of step 40, served, with RUN/final.json and RUN/stopped.json; exit code 3 follows
+    RunStopped."""
     guard = guard_after(45)
-    h = handles(tmp_path, guard)
-    save(h.folder, 0, 20, 40)
+    parts = handles(tmp_path, guard)
+    save(parts.folder, 0, 20, 40)
     events = guard.check_rollout(45, {"rollout/samples": 64.0, "rollout/reward_errors": 8.0},
                                  {"reward_error": "reward plugin m.f returned nan"})  # fmt: skip
     with pytest.raises(RunStopped, match="step 45: 8 of 64 rewards were not usable.*ends on the checkpoint of step 40"):
-        carried_out(Recovery(h, ["--x"]), events)
-    final = final_json(h)
+        carried_out(Recovery(parts, ["--x"]), events)
+    final = final_json(parts)
     assert final["step"] == 40 and final["checkpoint"] == "checkpoints/iter_0000040"
     assert final["reason"] == "stopped by the health guard (reward_errors at step 45)"
-    [stop] = h.folder.events()
-    assert stop["action"] == "stop" and stop["values"]["ended_on"] == 40.0 and h.group.loaded == [40]
-    assert json.loads((h.folder.path / STOPPED).read_text())["event"] == stop
+    [stop] = parts.folder.events()
+    assert stop["action"] == "stop" and stop["values"]["ended_on"] == 40.0 and parts.group.loaded == [40]
+    assert json.loads((parts.folder.path / STOPPED).read_text())["event"] == stop
 
 
 def test_damaged_weights_stop_on_the_last_confirmed_checkpoint_setting_the_newer_aside(tmp_path):
     """The actor's log-probs are not finite at step 41; checkpoint 40 is not yet confirmed (the steps after it were
     not seen): the run ends on checkpoint 20 and sets 40 aside, the stop recorded before anything moved."""
     guard = guard_after(41)
-    h = handles(tmp_path, guard)
-    save(h.folder, 0, 20, 40)
+    parts = handles(tmp_path, guard)
+    save(parts.folder, 0, 20, 40)
     with pytest.raises(RunStopped, match="weights are damaged"):
-        carried_out(Recovery(h), guard.check_batch(41, {"health/nonfinite_old_log_probs": 3.0}))
-    assert final_json(h)["step"] == 20 and h.folder.latest_checkpoint() == 20 and h.folder.checkpoint_steps() == [0, 20]
-    assert [p.parent.name + "/" + p.name for p in h.folder.undone_checkpoints()] == ["001-stop-at-step-41/iter_0000040"]
-    [stop] = h.folder.events()
-    assert "the checkpoints of steps [40] are kept in" in stop["message"] and h.group.loaded == [20]
+        carried_out(Recovery(parts), guard.check_batch(41, {"health/nonfinite_old_log_probs": 3.0}))
+    assert (
+        final_json(parts)["step"] == 20
+        and parts.folder.latest_checkpoint() == 20
+        and parts.folder.checkpoint_steps() == [0, 20]
+    )
+    assert [p.parent.name + "/" + p.name for p in parts.folder.undone_checkpoints()] == [
+        "001-stop-at-step-41/iter_0000040"
+    ]
+    [stop] = parts.folder.events()
+    assert "the checkpoints of steps [40] are kept in" in stop["message"] and parts.group.loaded == [20]
 
 
 def test_a_stop_before_any_checkpoint_names_the_unsaved_weights(tmp_path):
-    h = handles(tmp_path, guard_after(0))
+    parts = handles(tmp_path, guard_after(0))
     with pytest.raises(RunStopped, match="rewards were not usable"):
-        carried_out(Recovery(h), h.guard.check_rollout(0, {"rollout/samples": 8.0, "rollout/reward_errors": 2.0}, {}))
-    final = final_json(h)
+        carried_out(
+            Recovery(parts), parts.guard.check_rollout(0, {"rollout/samples": 8.0, "rollout/reward_errors": 2.0}, {})
+        )
+    final = final_json(parts)
     assert final["step"] == 0 and final["checkpoint"] is None and final["reason"].endswith("no checkpoint holds them")
-    assert not h.folder.checkpoints.exists() and h.group.loaded == []
+    assert not parts.folder.checkpoints.exists() and parts.group.loaded == []
 
 
 @pytest.mark.parametrize("crash_in", ["record_events", "rewind_to"])
@@ -305,8 +317,8 @@ def test_a_rollback_cut_short_by_a_crash_is_finished_by_the_resume(
     import slime_search.run.folder as run_folder
 
     manager = grading(())
-    h = handles(tmp_path, guard_after(65), manager, ray_session)
-    save(h.folder, 0, 20, 40, 60)
+    parts = handles(tmp_path, guard_after(65), manager, ray_session)
+    save(parts.folder, 0, 20, 40, 60)
     rollback = Event(64, "rollback", "reward_drop", "reward fell", {BEFORE: 45.0})
     real = getattr(RunFolder if crash_in == "record_events" else run_folder, crash_in)
     with monkeypatch.context() as patch:
@@ -319,9 +331,9 @@ def test_a_rollback_cut_short_by_a_crash_is_finished_by_the_resume(
         else:
             patch.setattr(run_folder, "rewind_to", crash)
         with pytest.raises(OSError, match="node went down"):
-            Recovery(h).roll_back(rollback)
+            Recovery(parts).roll_back(rollback)
     assert getattr(RunFolder if crash_in == "record_events" else run_folder, crash_in) is real
-    assert h.folder.latest_checkpoint() == 60  # nothing moved yet
+    assert parts.folder.latest_checkpoint() == 60  # nothing moved yet
     again = handles(tmp_path, HealthGuard(HealthConfig()), manager, ray_session)
     assert Recovery(again).resume() == 40
     done = [e for e in again.folder.events() if e["action"] == "rollback"]
@@ -338,10 +350,10 @@ def test_a_rollback_cut_short_by_a_crash_is_finished_by_the_resume(
 def test_an_evaluation_inside_the_step_that_never_answers_ends_the_wait_naming_the_flag(ray_session, grading, tmp_path):
     eval_sets = (("nq", write_set(tmp_path, "nq", 40)),)
     manager = grading(eval_sets, hang_at=1)
-    h = handles(tmp_path, guard_after(0), manager, ray_session, eval_sets, eval_timeout=2.0)
-    h.config.eval_due = lambda step: True
-    h.config.log_rollout_examples = 0
+    parts = handles(tmp_path, guard_after(0), manager, ray_session, eval_sets, eval_timeout=2.0)
+    parts.config.eval_due = lambda step: True
+    parts.config.log_rollout_examples = 0
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"version 25 \(40 questions\) had no result within 2 s \(--eval-timeout\)"):
-        InStepEval(h.config, manager).results(25)
+        InStepEval(parts.config, manager).results(25)
     assert 2.0 <= time.monotonic() - started < 30

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from slime_search.metrics import MetricsSink, percentile
-from slime_search.rollout.evaluation import evaluate_samples
+from slime_search.rollout.eval_metrics import evaluate_samples
 from slime_search.search_r1.config import search_r1_args
 from slime_search.search_r1.reward import reward_func
 from slime_search.types import Sample, Status

@@ -57,7 +57,7 @@ def servers(tmp_path_factory, tiny_checkpoint):
     (root / "script.json").write_text(json.dumps(SCRIPT))
     engine_argv = [
         "-m",
-        "benchmarks.stand_in_engines.replay",
+        "benchmarks.harness.stand_in_engines.replay",
         "--tokenizer",
         str(tiny_checkpoint),
         "--script",

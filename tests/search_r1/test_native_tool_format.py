@@ -62,7 +62,7 @@ def servers(tmp_path_factory, tiny_qwen3_checkpoint):
     rng = random.Random(0)
     script = dict(SCRIPT) | {f"question {i:04d}": random_script(rng, f"q{i}") for i in range(1000)}
     (root / "script.json").write_text(json.dumps(script))
-    engine = ["-m", "benchmarks.stand_in_engines.replay", "--tokenizer", str(tiny_qwen3_checkpoint), "--script",
+    engine = ["-m", "benchmarks.harness.stand_in_engines.replay", "--tokenizer", str(tiny_qwen3_checkpoint), "--script",
               str(root / "script.json"), "--port", "0"]  # fmt: skip
     with (
         RetrievalServerProcess(

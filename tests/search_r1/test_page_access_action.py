@@ -47,7 +47,7 @@ def servers(tmp_path_factory, tiny_checkpoint):
     args = ["--retriever-name", "bm25", "--corpus-path", str(root / "corpus.jsonl"), "--save-dir", str(root)]
     assert build_index.main(args) == 0
     (root / "script.json").write_text(json.dumps(SCRIPT))
-    engine = ["-m", "benchmarks.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint), "--script",
+    engine = ["-m", "benchmarks.harness.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint), "--script",
               str(root / "script.json"), "--port", "0"]  # fmt: skip
     with (
         RetrievalServerProcess(
@@ -143,7 +143,7 @@ def test_with_qwen3s_tool_calls_a_page_is_read_through_the_access_tool(servers, 
 
     retriever, _ = servers
     (tmp_path / "script.json").write_text(json.dumps(NATIVE_SCRIPT))
-    engine_argv = ["-m", "benchmarks.stand_in_engines.replay", "--tokenizer", str(tiny_qwen3_checkpoint), "--script",
+    engine_argv = ["-m", "benchmarks.harness.stand_in_engines.replay", "--tokenizer", str(tiny_qwen3_checkpoint), "--script",
                    str(tmp_path / "script.json"), "--port", "0"]  # fmt: skip
     with ServerProcess(engine_argv) as engine:
         args = search_r1_args(

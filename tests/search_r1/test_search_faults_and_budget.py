@@ -201,7 +201,7 @@ def test_at_the_budget_a_trajectory_asks_the_run_to_stop_and_the_guard_stops_it(
     monkeypatch.setenv("SERPER_API_KEY", KEY)
     script = {"zebra": ["<search> spend a </search>", "<answer> a </answer>"], "yak": ["<search> spend b </search>"]}
     (tmp_path / "script.json").write_text(json.dumps(script))
-    engine = ["-m", "benchmarks.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint), "--script",
+    engine = ["-m", "benchmarks.harness.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint), "--script",
               str(tmp_path / "script.json"), "--port", "0"]  # fmt: skip
     with ServerProcess(engine) as engine_server:
         args = search_r1_args(
@@ -252,7 +252,7 @@ def test_the_reports_web_search_cost_is_the_ledgers_after_a_retried_search_and_a
         "ibex": ["<search> ledger redone </search>", "<answer> a </answer>"],
     }
     (tmp_path / "script.json").write_text(json.dumps(script))
-    engine = ["-m", "benchmarks.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint), "--script",
+    engine = ["-m", "benchmarks.harness.stand_in_engines.replay", "--tokenizer", str(tiny_checkpoint), "--script",
               str(tmp_path / "script.json"), "--port", "0"]  # fmt: skip
     run = tmp_path / "run"
     sink = MetricsSink(run)

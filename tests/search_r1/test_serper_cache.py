@@ -8,7 +8,7 @@ import multiprocessing
 import httpx
 import pytest
 
-from slime_search.rollout.evaluation import evaluate_samples
+from slime_search.rollout.eval_metrics import evaluate_samples
 from slime_search.rollout.sample_metrics import rollout_metrics
 from slime_search.search_r1.search_clients import SearchError, SerperClient, SerperConfig
 from slime_search.search_r1.serper_cache import CacheSettings, SerperCache, normalise_query

@@ -31,7 +31,7 @@ KEY = "rollout/reward_mean"
 RECENT = 2  # x --health-window: the windows the down gate's best is taken among
 NOISE_SPAN = 5  # x --health-window: the steps whose spread is the noise
 DOWN_Z = 2.0  # standard errors the current window may lie below by chance: "down" on ~0.5% of a plateau's steps
-DROP_Z = 3.0  # a rollback: rarer still over a whole run (benchmarks.guard_shapes)
+DROP_Z = 3.0  # a rollback: rarer still over a whole run (benchmarks.studies.guard_shapes)
 MEDIAN_ABS_NORMAL = 0.6745  # median |x| of a standard normal
 NOISE_DOUBT = 3.0  # the noise estimate from n second differences, raised by NOISE_DOUBT / sqrt(n) of itself
 

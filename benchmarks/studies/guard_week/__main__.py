@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.studies.guard_week.run import main
+
+sys.exit(main())
