@@ -1,27 +1,28 @@
 """Whether the engines serve what the trainer holds: the probe, and what follows when one does not.
 
-The probe: the same tokens (a sample of the step's batch, its prompt and response, at most PROBE_TOKENS of them),
-teacher-forced on both sides right after a push, so that both hold the same weights: every engine's log-probs of them
-(RolloutManager.engine_log_probs: SGLang's input log-probs) and the actor's (RayTrainGroup.trainer_log_probs), both of
-the model's own distribution (temperature 1: SGLang 0.5.23 gives input log-probs at temperature 1 whatever a request
-samples at; the recipes sample at 1). Per engine, the mean |engine - trainer| log-prob per token (`probe_gaps`); above
---health-max-logprob-gap the engine disagrees.
+The probe teacher-forces the same tokens on both sides right after a push, when both hold the same weights. The tokens
+are a sample of the step's batch (prompt and response, at most PROBE_TOKENS). Each engine gives its log-probs of them
+(RolloutManager.engine_log_probs: SGLang's input log-probs), and so does the actor (RayTrainGroup.trainer_log_probs).
+Both are of the model's own distribution, at temperature 1: SGLang 0.5.23 gives input log-probs at temperature 1
+whatever a request samples at. The gap of an engine is its mean |engine - trainer| log-prob per token (`probe_gaps`).
+Above --health-max-logprob-gap the engine disagrees.
 
-When: after the re-push of a trainer-engine mismatch that held --health-patience steps (health.rules.escalation), and
-in asynchronous modes every --health-patience steps as well: there the engine rules read only the tokens of version
-lag 0, of which the miniature's one-step and fully batches had none after step 0 (health.rules.bounds).
+The probe runs after the re-push of a trainer-engine mismatch that held --health-patience steps
+(health.rules.escalation). In asynchronous modes it also runs every --health-patience steps. There the engine rules
+read only the tokens of version lag 0, and the miniature's asynchronous batches have none after step 0
+(health.rules.bounds).
 
 What follows:
-    every engine agrees   the engines serve the trainer's weights: the gap of the batches was the policy's (tokens
-                          sampled by older weights), or the re-push cured it; no rollback, the count begins afresh
-                          (a probe due by the clock that agrees is no event: it logs at info)
+    every engine agrees   the engines serve the trainer's weights; the batches' gap was the policy's (tokens sampled
+                          by older weights), or the re-push cured it; no rollback, and the count begins afresh (a
+                          probe due by the clock that agrees is no event: it logs at info)
     an engine disagrees   it is restarted on its address as a dead engine is (RolloutManager.restart_engine, then
                           RunParts.engines_back), pushed the current weights and probed again; if it still disagrees,
-                          or cannot be restarted (colocated; or not started by this run), the run stops naming it, on
+                          or cannot be restarted (colocated, or not started by this run), the run stops naming it, on
                           the newest kept checkpoint: the policy is not at fault
 
-The bound (--health-max-logprob-gap) sits far above float noise and far below a wrong engine. The gaps measured on
-both sides of it, float32 and bfloat16, stale and wrong engines, are in docs/benchmarks/health.md ("The engine probe").
+The bound sits far above float noise and far below a wrong engine. The gaps measured on both sides of it are in
+docs/benchmarks/health.md ("The engine probe").
 """
 
 from __future__ import annotations

@@ -1,29 +1,27 @@
 """The evaluation engine beside training (--eval-engine), from the driver's side: EvalEngine.
 
-When a version is due for evaluation, the actor writes its weights as an HF folder (RUN/eval_weights/step_V.N, streamed
-shard by shard as --save-hf does) and the evaluator, a second RolloutManager with one engine of its own, loads that
-folder and evaluates it while training goes on. The step pays for the write only. A result is recorded under the
-version it evaluated, whenever it arrives, and the health guard reviews it then: a held-out drop found late still
-rolls the run back to a checkpoint from before it.
+When a version is due, the actor writes its weights as an HF folder (RUN/eval_weights/step_V.N), shard by shard as
+--save-hf does. The evaluator is a second RolloutManager with one engine of its own. It loads that folder and evaluates
+it while training goes on, so the step pays for the write only. A result is recorded under the version it evaluated,
+whenever it arrives, and the health guard reviews it then. A held-out drop found late still rolls the run back to a
+checkpoint from before it.
 
-One evaluation runs at a time. A version that falls due while another is evaluated waits with its folder written; if a
-newer one falls due before it starts, the older is skipped (logged, and counted in the record of the newer): the
-evaluator stays at most one version behind instead of falling further behind every interval. The final version is
-evaluated too, and the run waits for it (within the deadline below). A rollback drops what evaluated or waits to
-evaluate an undone version. A run killed while an evaluation is pending loses that one result; the resumed run evaluates
-the versions due after it.
+One evaluation runs at a time. A version that falls due while another is evaluated waits with its folder written. If a
+newer one falls due before it starts, the older is skipped (logged, and counted in the record of the newer). So the
+evaluator stays at most one version behind. The final version is evaluated too, and the run waits for it, within the
+deadline. A rollback drops the evaluations of undone versions. A run killed while an evaluation is pending loses that
+one result; the resumed run evaluates the versions due after it.
 
-A version waiting for its evaluation, or being evaluated, keeps its checkpoint: --keep-checkpoints does not prune it
-(`pending_versions`) until its result has arrived and the health guard has seen it, so the guard can still roll back
-to, stop on or end on every version it has a grade of, however long evaluations take.
+A version waiting for its evaluation, or being evaluated, keeps its checkpoint (`pending_versions`). --keep-checkpoints
+prunes it only after its result has arrived and the guard has seen it. So the guard can roll back to, stop on or end on
+every version it has a grade of, however long evaluations take.
 
-The evaluator never ends or hangs the run. An evaluation that fails (an engine out of memory, the actor dead) or has
-no result within its deadline is dropped with a warning and counted, and the evaluator is replaced by a fresh one (the
-old one is killed: a stuck one never answers). After several failures in a row without a result in between,
-evaluation beside training stops for the rest of the run, which goes on without it. The final wait is bounded by the
-deadline too. The deadline (--eval-timeout) is by default sized from the number of questions an evaluation grades
-(evaluation.flags.eval_deadline_s), so that a full evaluation is never dropped for taking its normal time.
-`metrics()` goes into every step's record, so a stuck evaluator shows before its deadline.
+The evaluator never ends or hangs the run. An evaluation that fails (an engine out of memory, the actor dead) is
+dropped with a warning and counted, and so is one with no result within its deadline. The evaluator is then replaced by
+a fresh one, and the old one is killed, since a stuck one never answers. After MAX_FAILURES failures in a row,
+evaluation beside training stops for the rest of the run, which goes on without it. The deadline (--eval-timeout) is
+by default sized from the questions an evaluation grades (evaluation.flags.eval_deadline_s). `metrics()` goes into
+every step's record, so a stuck evaluator shows before its deadline.
 """
 
 from __future__ import annotations
@@ -176,9 +174,10 @@ class EvalEngine:
         return results
 
     def rolled_back(self, to_step: int) -> None:
-        """The run continues from `to_step`: evaluations of later versions are of weights that no longer exist, and
-        version `to_step` itself is evaluated again when the loop reaches it (its records were dropped with the later
-        ones), so a pending evaluation of it would be recorded twice."""
+        """The run continues from `to_step`: pending evaluations of `to_step` and later are dropped.
+
+        Later versions are of weights that no longer exist. Version `to_step` itself is evaluated again when the loop
+        reaches it, so a pending evaluation of it would be recorded twice."""
         if self.waiting is not None and self.waiting.version >= to_step:
             shutil.rmtree(self.waiting.folder, ignore_errors=True)
             self.waiting = None

@@ -1,8 +1,8 @@
-"""The training loop: per step, held-out evaluations that are due, then rollout -> the guard's checks -> GRPO step ->
-weight push -> the guard's review.
+"""The training loop. Per step: the held-out evaluations that are due, then rollout -> the guard's checks -> GRPO step
+-> weight push -> the guard's review.
 
-Every decision of the guard reaches the loop one way: a Decision raised where it is made (a stop from any check, a
-rollback from the review of a step or of an evaluation) and carried out by the recovery at the top of the loop. A
+Every decision of the guard reaches the loop one way. It is raised as a Decision where it is made: a stop from any
+check, a rollback from the review of a step or of an evaluation. The recovery carries it out at the top of the loop. A
 rollback returns the step the run goes on from; a stop ends the run (RunStopped).
 """
 

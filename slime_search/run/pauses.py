@@ -1,16 +1,19 @@
-"""Faults that pass, waited out by the driver: a step's rollout whose searches or rewards failed for one (the retriever
-down, a reward service timing out) is done again, and a checkpoint the --save disk had no room for is saved again, each
-after the wait the guard's pause names (health.rules.inputs: 15 s doubling to 5 minutes, --health-max-outage-hours of
-one fault in all, then a stop). Every wait goes through the run's clock (`RunParts.clock`), so a simulation runs an
-outage in no time.
+"""Faults that pass, waited out by the driver.
 
-The data position: each try draws fresh prompts, and those of a failed try's batch are passed over, as a skipped
-step's are (a fault that only some inputs meet, a query that crashes the retriever, is then not met again and again;
-the step count does not move, so the run still trains --num-rollout steps). With a stream (--async-mode one-step or
-fully) the stream is stopped while the run waits: what is in flight is cancelled (it would fail too), and the prompts
-it had taken but not handed to the trainer are given back, so the restarted stream generates them again under the
-weights the engines serve. A stream left running through the wait would deadlock: its admission counts the batches
-taken against the versions pushed, and no version is pushed while a step is being redone.
+A step's rollout whose searches or rewards failed for a passing fault is done again (the retriever down, a reward
+service timing out). A checkpoint the --save disk had no room for is saved again. Each waits first for the pause the
+guard names (health.rules.inputs), up to --health-max-outage-hours for one fault; then the run stops. Every wait goes
+through the run's clock (`RunParts.clock`), so a simulation runs an outage in no time.
+
+Each try draws fresh prompts; those of a failed try's batch are passed over, as a skipped step's are. So a fault that
+only some inputs meet (a query that crashes the retriever) is not met again and again. The step count does not move,
+so the run still trains --num-rollout steps.
+
+With a stream (--async-mode one-step or fully), the stream is stopped while the run waits. What is in flight is
+cancelled, since it would fail too. The prompts it had taken but not handed to the trainer are given back, and the
+restarted stream generates them again under the weights the engines serve. A stream left running through the wait
+would deadlock: its admission counts batches taken against versions pushed, and no version is pushed while a step is
+being redone.
 """
 
 from __future__ import annotations
@@ -53,10 +56,11 @@ def usable_rollout(parts: RunParts, recovery: Recovery, step: int):
 
 
 def save_checkpoint(parts: RunParts, recovery: Recovery, steps_done: int) -> None:
-    """`parts.save(steps_done)`; when the --save disk has no room for it (ENOSPC, EDQUOT) the partial folder is removed
-    (the earlier checkpoints and the tracker were never touched), the run says how much room one checkpoint needs and
-    saves again after the guard's pause, until the disk takes it or --health-max-outage-hours have passed (a stop).
-    Any other error of the save propagates."""
+    """`parts.save(steps_done)`, saved again while the --save disk has no room for it (ENOSPC, EDQUOT).
+
+    After a full disk the partial folder is removed; the earlier checkpoints and the tracker were never touched. The run
+    says how much room one checkpoint needs, and saves again after the guard's pause. It stops once
+    --health-max-outage-hours have passed. Any other error of the save propagates."""
     while True:
         try:
             parts.save(steps_done)

@@ -1,19 +1,20 @@
 """What the run does with the health guard's decisions: resume, roll back, push again, stop, end on a checkpoint.
 
 All of them go through one path, `serve_checkpoint(k)`: the actor loads checkpoint k and the engines serve its weights.
-None of them deletes anything: the checkpoints a rollback or a stop undoes are set aside (RunFolder.carry_out) and the
-events name where; the event is recorded before anything moves, and a resume finishes a set-aside a crash cut short.
-Every stop, whichever rule raised it (a rollback budget spent, unusable rewards, skipped steps, damaged weights, a
-plugin's request, a passing fault that lasted too long), ends the run the same way (`stop`): a stop that concerns the
-policy on the best checkpoint from before the trouble, one that concerns what the steps were given or where they are
-saved (INPUT_RULES: the weights are not at fault) on the newest checkpoint. RUN/final.json names the weights the run
-ended on, whatever the transport, also when the end's confirmation on fresh questions fails.
+None of them deletes anything. The checkpoints a rollback or a stop undoes are set aside (RunFolder.carry_out), and
+the events name where. The event is recorded before anything moves. A resume finishes a set-aside that a crash cut
+short.
 
-A stop exits with STOP_EXIT_CODE, not 1: a scheduler that restarts failed jobs can tell the guard's verdict from a
-crash. Run again unchanged, a stopped run would meet the same rule at the same place, so it refuses to start and says
-what to change (`repeated_stop`); run with any flag changed, it resumes. A stop of a fault that passes (the retriever,
-a reward service or the --save disk failing past --health-max-outage-hours) is recorded as transient: the same command
-resumes it, since the fault may be gone.
+Every stop ends the run the same way (`stop`), whichever rule raised it. A stop that concerns the policy ends on the
+best checkpoint from before the trouble. A stop that concerns the steps' inputs or the disk (INPUT_RULES) ends on the
+newest checkpoint: the weights are not at fault there. RUN/final.json names the weights the run ended on. It does so
+whatever the transport, and also when the end's confirmation on fresh questions fails.
+
+A stop exits with STOP_EXIT_CODE, not 1, so a scheduler that restarts failed jobs can tell the guard's verdict from a
+crash. Run again unchanged, a stopped run would meet the same rule at the same place. So it refuses to start and says
+what to change (`repeated_stop`); with any flag changed, it resumes. A stop for a fault that passes is recorded as
+transient (the retriever, a reward service or the --save disk failing past --health-max-outage-hours). The same
+command resumes it, since the fault may be gone.
 """
 
 from __future__ import annotations
