@@ -1,8 +1,8 @@
 """The health guard's settings: which faults stop a run, which steps are skipped, and the bounds of every rule.
 
-Every bound is a flag (`--health-*`, `--max-*`); the defaults are the ones measured on the CPU miniature not to fire on
-its healthy runs while catching its collapses (docs/benchmarks/health.md), and the reward and held-out drops, shares of
-the run's own best beyond its own noise, by simulation at both the miniature's shape and the 3B recipe's
+Every bound is a flag (`--health-*`, `--max-*`). The defaults were measured on the CPU miniature: they do not fire on
+its healthy runs and they catch its collapses (docs/benchmarks/health.md). The reward and held-out drops are shares of
+the run's own best beyond its own noise. They were chosen by simulation at the miniature's shape and the 3B recipe's
 (benchmarks.studies.guard_shapes).
 """
 

@@ -1,8 +1,9 @@
-"""The health guard: after every rollout, every batch and every step, the run's own numbers are checked, and what they
-say is acted on, by severity: stop, skip a step, wait out a fault that passes (pause), refuse an update, warn, push the
-weights again, roll back to a kept checkpoint (health.policy), and at the end of the run end on the best evaluated
-checkpoint. One rule family per module of health.rules (what each decides, and why, is there); the rollbacks done and
-their budget are health.ledger's.
+"""The health guard: the run's own numbers, checked after every rollout, every batch and every step.
+
+What they say is acted on, by severity: stop, skip a step, wait out a fault that passes (pause), refuse an update,
+warn, push the weights again, or roll back to a kept checkpoint (health.policy). At the end of the run it may end on
+the best evaluated checkpoint. Each rule family is a module of health.rules, which says what it decides and why. The
+rollbacks done and their budget are health.ledger's.
 
 Its state is a function of the run's records (metrics.jsonl) and rollbacks: a resumed run replays them (`replay`).
 Without --health-guard only the checks of what a step is given (health.rules.inputs) and non-finite updates remain.
@@ -101,10 +102,12 @@ class HealthGuard:
 
     # ---- what pruning keeps, rollbacks, resume -----------------------------------------------------------------------
     def rollback_anchors(self) -> list[int]:
-        """Every point a rule could still roll back to before, from the next step on: the next step itself (a policy
-        jump, a new warning streak), the first step of each open streak, the reward's anchor, the last held-out
-        version within the margin, and the checkpoint before each recent rollback's target. Later anchors only move
-        forward, so the checkpoints these name are all a rollback can ask for (RollbackPolicy.needed)."""
+        """Every point a rule could still roll back to before, from the next step on.
+
+        They are the next step itself (a policy jump, a new warning streak), the first step of each open streak, the
+        reward's anchor, the last held-out version within the margin, and the checkpoint before each recent rollback's
+        target. Later anchors only move forward. So the checkpoints these name are all a rollback can ask for
+        (RollbackPolicy.needed)."""
         if not self.config.enabled:
             return []
         last = self.timeline.last_step()

@@ -1,10 +1,10 @@
 """Whether a held-out evaluation really fell below the best one: the test the guard's held-out rules apply.
 
 The best of K noisy evaluations is high by chance (the winner's curse): comparing it with one later evaluation as two
-independent estimates fires on flat runs far more often than the nominal rate. The grades of the same questions are
-known for both versions, so the comparison is paired, per question: d_i = best_i - current_i, whose mean is the drop
-and whose spread is that of the disagreements only (questions both versions get right or wrong add nothing). The best
-was chosen among K evaluations, so the one-sided level alpha is split among them (Bonferroni): the drop counts when
+independent estimates fires on flat runs far more often than the nominal rate. Both versions graded the same
+questions, so the comparison is paired, per question: d_i = best_i - current_i. Its mean is the drop. Its spread is
+that of the disagreements only: questions both versions get right or wrong add nothing. The best was chosen among K
+evaluations, so the one-sided level alpha is split among them (Bonferroni). The drop counts when
 
     mean(d) - z(1 - alpha / K) * sd(d) / sqrt(n) > 0
 

@@ -1,10 +1,10 @@
 """The rollbacks a run has done: where each was decided and the checkpoint it went back to, over the run's life.
 
-Two things are read from it. The budget: --max-rollbacks within the last --health-rollback-window steps (all of them
-with a window of 0), so that a false alarm early in a week-long run does not use the budget up or halve the learning
-rate for good (health.remedy counts the same recent rollbacks). And the targets of those recent rollbacks: the trouble
-came back from there with the remedy applied, so a new rollback passes over them to the kept checkpoint before, which
-pruning must therefore keep too (`anchors`).
+Two things are read from it. The first is the budget: --max-rollbacks within the last --health-rollback-window steps
+(all of them with a window of 0). So a false alarm early in a week-long run does not use the budget up or halve the
+learning rate for good; health.remedy counts the same recent rollbacks. The second is the targets of those recent
+rollbacks. The trouble came back from there with the remedy applied, so a new rollback passes over them to the kept
+checkpoint before. Pruning must therefore keep that one too (`anchors`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""The curves of the run report: one PNG per panel, with the health guard's bounds drawn beside the signals they bound
-(RUN/health_config.json), a marker at every rollback and at the stop (RUN/health.jsonl), and curves of long runs
-downsampled so that thousands of steps stay readable.
+"""The curves of the run report, one PNG per panel.
+
+The health guard's bounds are drawn beside the signals they bound (RUN/health_config.json). A marker stands at every
+rollback and at the stop (RUN/health.jsonl). The curves of long runs are downsampled, so that thousands of steps stay
+readable.
 
 The health panels show what the guard watches: entropy, the trainer-engine log-prob gap, importance weights, clip
 fractions, KL, response length and truncations, the gradient norm and its refused updates, the rollout rates and the

@@ -4,12 +4,12 @@ One policy answers both questions: `target` and `stop_target` are where a rule s
 of those answers for every point a rule could still roll back to before (the guard's `rollback_anchors`). Pruning keeps
 `needed`, so a rollback never finds its target pruned.
 
-A checkpoint of `k` steps is a rollback target once the step that made it and the --health-confirm-steps steps after it
-raised nothing that vetoes confirmation (a warning that changed, a refused update, a skip), or once the held-out set
-vouched for its weights: version `k` scored above every held-out evaluation before it. A warning near a
-checkpoint is a doubt about the steps; the best held-out score yet is evidence about the weights themselves (an
-asynchronous run's early log-prob gap warnings otherwise sent a held-out rollback to step 0, past a version that scored
-0.98). Checkpoint 0, the weights the run started from, is the user's choice and trusted as it is.
+A checkpoint of `k` steps becomes a rollback target in one of two ways. Either the step that made it and the
+--health-confirm-steps steps after it raised nothing that vetoes confirmation (a warning that changed, a refused
+update, a skip). Or the held-out set vouched for its weights: version `k` scored above every held-out evaluation before
+it. A warning near a checkpoint is a doubt about the steps. The best held-out score yet is evidence about the weights
+themselves. Without it, an asynchronous run's early log-prob gap warnings sent a held-out rollback to step 0, past a
+version that scored well. Checkpoint 0, the weights the run started from, is the user's choice and trusted as it is.
 """
 
 from __future__ import annotations
@@ -88,9 +88,10 @@ class RollbackPolicy:
         return None
 
     def vouched(self) -> set[int]:
-        """The evaluated versions that scored above every evaluation before them. Only a new best: a version within
-        --health-eval-drop of the best may already be sliding (an entropy collapse scored 0.58 against a best of 0.70
-        at the step it began), and a tie adds no evidence over the version it ties."""
+        """The evaluated versions that scored above every evaluation before them.
+
+        Only a new best counts. A version within --health-eval-drop of the best may already be sliding: an entropy
+        collapse scored just below the best at the step it began. A tie adds no evidence over the version it ties."""
         out, best = set(), float("-inf")
         for version, value in sorted(self.timeline.evals):
             if value > best:
@@ -123,9 +124,10 @@ class RollbackPolicy:
         return version, value
 
     def needed(self, checkpoints: list[int], anchors: list[int]) -> set[int]:
-        """The checkpoints a rule could still send the run to: for every anchor (a point a future rollback could go
-        back to before), its target and its stop target, and the best evaluated checkpoint (the end of the run may
-        choose it)."""
+        """The checkpoints a rule could still send the run to.
+
+        An anchor is a point a future rollback could go back to before; each has a target and a stop target. The best
+        evaluated checkpoint is needed too, since the end of the run may choose it."""
         needed = {self.target(checkpoints, before) for before in anchors}
         needed |= {self.stop_target(checkpoints, before) for before in anchors}
         best = self.best_evaluated(checkpoints)

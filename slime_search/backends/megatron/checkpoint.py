@@ -165,10 +165,12 @@ NEARLY_FULL_BYTES = 64 << 20  # a save that failed with less free space on its d
 
 
 def _full_disk(failure: BaseException, root: str | Path) -> OSError | None:
-    """The full disk behind a failed write: an OSError ENOSPC or EDQUOT along the error's causes, or, when the error
-    says nothing of its cause, a disk with less than NEARLY_FULL_BYTES free (checked before the partial folder goes):
-    torch's C++ writer, which the torch_dist shards and `torch.save` to a path go through, reports a full disk as
-    "unexpected pos 704 vs 598" or "basic_ios::clear: iostream error", without an errno (seen on a full tmpfs)."""
+    """The full disk behind a failed write, or None.
+
+    It is an OSError ENOSPC or EDQUOT along the error's causes. When the error says nothing of its cause, a disk with
+    less than NEARLY_FULL_BYTES free counts (checked before the partial folder goes). Torch's C++ writer, which the
+    torch_dist shards and `torch.save` to a path go through, reports a full disk without an errno: as "unexpected pos
+    704 vs 598" or "basic_ios::clear: iostream error" (seen on a full tmpfs)."""
     full = disk_full_error(failure)
     if full is not None:
         return full
@@ -253,11 +255,13 @@ def load_model(model, root: str | Path, iteration: int | None = None) -> int:
 
 
 def held_request(sharded: dict, folder: Path) -> dict:
-    """The entries of a model's sharded state dict to load from the checkpoint in `folder`: all of them, less the
-    `_extra_state` objects the checkpoint does not hold. Such an object is a module's extra state (TransformerEngine's
-    FP8 scaling metadata, empty without FP8): a layer spec may keep one where the spec a checkpoint was written with
-    kept none (TransformerEngine's q/k RMSNorm of Qwen3 against the local spec's, a converter that writes no extra
-    state at all), and the module then starts from its defaults. Any other entry the checkpoint lacks is an error."""
+    """The entries of a model's sharded state dict to load from the checkpoint in `folder`.
+
+    They are all of them, less the `_extra_state` objects the checkpoint does not hold. Such an object is a module's
+    extra state: TransformerEngine's FP8 scaling metadata, empty without FP8. A layer spec may keep one where the spec
+    a checkpoint was written with kept none. Examples are TransformerEngine's q/k RMSNorm of Qwen3 against the local
+    spec's, or a converter that writes no extra state at all. The module then starts from its defaults. Any other entry
+    the checkpoint lacks is an error."""
     from megatron.core.dist_checkpointing.mapping import ShardedBase, ShardedObject
     from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
 

@@ -1,6 +1,8 @@
-"""What an actor rank holds for training, computed from its built model: the weights, the gradients of what trains
-(Megatron's fp32 gradient buffers) and the optimizer's state (Adam's two fp32 moments, and an fp32 master copy of
-weights kept in another dtype), the last split over the data-parallel ranks by the distributed optimizer."""
+"""What an actor rank holds for training, computed from its built model.
+
+It holds the weights and the gradients of what trains (Megatron's fp32 gradient buffers). It also holds the optimizer's
+state: Adam's two fp32 moments, and an fp32 master copy of weights kept in another dtype. The distributed optimizer
+splits that state over the data-parallel ranks."""
 
 from __future__ import annotations
 

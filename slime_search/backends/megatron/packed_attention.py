@@ -1,15 +1,14 @@
 """Core attention for Megatron's local layer spec that attends within each packed sample only (no TransformerEngine).
 
-Megatron's own local attention (DotProductAttention) refuses packed sequence parameters and takes the packed row's
-block-diagonal causal mask instead: it computes every score of the row and throws most away, so its time and memory
-grow with the square of the packed length (on one H200 a 3B-shaped step kept about 25 GiB of activations at 2,048
-tokens per micro-batch, most of them attention scores, and ran out of memory at 8,192). This module takes the same THD input TransformerEngine does (packed sequence parameters
-with cumulative sample lengths) and runs torch's scaled_dot_product_attention once per sample, causal, so the work is
-the sum of the samples' squares and the memory linear in the packed length: on CUDA in bf16 SDPA picks its flash
-kernel, which never materialises the scores.
+Megatron's own local attention (DotProductAttention) refuses packed sequence parameters. It takes the packed row's
+block-diagonal causal mask instead, computes every score of the row and throws most away. So its time and memory grow
+with the square of the packed length (measured in docs/benchmarks/megatron.md). This module takes the same THD input
+TransformerEngine does: packed sequence parameters with cumulative sample lengths. It runs torch's
+scaled_dot_product_attention once per sample, causal. The work is then the sum of the samples' squares, and the memory
+is linear in the packed length. On CUDA in bf16, SDPA picks its flash kernel, which never materialises the scores.
 
-Called without packed sequence parameters (a plain [s, b] batch) it honours the attention mask it is given, as the
-local attention does, so a caller that builds its own mask sees the same numbers either way.
+Called without packed sequence parameters (a plain [s, b] batch), it honours the attention mask it is given, as the
+local attention does. So a caller that builds its own mask sees the same numbers either way.
 """
 
 from __future__ import annotations

@@ -9,16 +9,16 @@
     no_reward_signal              no group's rewards differ
     policy_jump                   one update moved the policy more than --health-max-update-kl: a rollback at once
 
-Each rule applies where its signal means something: with a demonstrator engine (SFT) the trainer-engine gap and the
-importance weights compare two different models; length and truncation speak only while the training reward is down
-as well (health.rules.reward: longer answers with the reward up are a policy that learns to search more).
+Each rule applies where its signal means something. With a demonstrator engine (SFT), the trainer-engine gap and the
+importance weights compare two different models, so they are not read. Length and truncation speak only while the
+training reward is down as well (health.rules.reward). Longer answers with the reward up are a policy that learns to
+search more.
 
-The engine rules compare the engine with the trainer only where both held the same weights: a token sampled one or two
-versions back differs from the trainer's log-prob because the policy moved since, not because an engine is wrong (on
-the whole batch, the miniature's one-step and fully runs of seed 9 warned 6 times each, gaps 0.11-1.30, while the probe
-found their engines within 1.4e-7 of the trainer: docs/benchmarks/health.md). In synchronous mode every token is the
-current weights'; in asynchronous modes those of version lag 0 (after step 0 the miniature's batches had none in
-either mode), and the engines are probed every --health-patience steps instead (run.engine_check).
+The engine rules compare the engine with the trainer only where both held the same weights. A token sampled one or two
+versions back differs from the trainer's log-prob because the policy moved since, not because an engine is wrong
+(docs/benchmarks/health.md, "The engine probe"). In synchronous mode every token is the current weights'. In
+asynchronous modes only the tokens of version lag 0 are, and there may be none after step 0. So the engines are
+probed every --health-patience steps instead (run.engine_check).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """At the end of the run: whether to end on the best evaluated checkpoint instead of the last weights.
 
-The final version's held-out evaluation is compared with the best one of a kept checkpoint: more than
---health-end-drop below it, beyond chance (paired per question with the best chosen among all the evaluations, else
-the final evaluation's interval's upper bound below the best), the run ends on that checkpoint: a late decline, too
-small or too late for a rollback. A fall the evaluations cannot settle is an `end_candidate`, which the run may check on
-questions the evaluations left out (`end_on_confirmed`).
+The final version's held-out evaluation is compared with the best one of a kept checkpoint. If it is more than
+--health-end-drop below it, beyond chance, the run ends on that checkpoint: a late decline, too small or too late for
+a rollback. Chance is judged paired per question, with the best chosen among all the evaluations. Without grades, the
+final evaluation's interval must lie below the best. A fall the evaluations cannot settle is an `end_candidate`. The
+run may check it on questions the evaluations left out (`end_on_confirmed`).
 
 Only the final version's own evaluation counts. With evaluations beside training, the last one to arrive may be of an
-older version (the final one failed, or evaluation stopped after its failures): its score says nothing of the final
+older version: the final one failed, or evaluation stopped after its failures. Its score says nothing of the final
 weights, so the run then ends on its last weights, and says so.
 """
 

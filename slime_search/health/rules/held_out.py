@@ -1,13 +1,13 @@
 """A held-out evaluation below the best one: watched, then rolled back when it lasts.
 
-An evaluation falls when it is more than --health-eval-drop x the best evaluation below it (a share of the run's own
-level: 0.1 is 0.095 where the miniature's EM reaches 0.95 and 0.042 where the 3B recipe's reaches 0.42) and, where the
-per-question grades of both versions are known, beyond chance paired per question with the best chosen among all the
-evaluations (health.heldout; on the recipe's 3,000 questions that test alone sees about 0.02). A first fall is watched:
-the checkpoint of the last version within the margin is kept, and the run waits; falls often recover by the next
-evaluation, a collapse does not. The run rolls back to before them when the falls in a row number
---health-eval-patience, or when two or more span --health-eval-patience-steps steps of training: a dip that lasts that
-long is no passing one, however far apart the run evaluates (the miniature every 2-5 steps, the recipe every 25).
+An evaluation falls when it is more than --health-eval-drop x the best evaluation below it. The margin is a share of
+the run's own level, so it serves a run at EM 0.4 as it serves one at 0.95. Where the per-question grades of both
+versions are known, the fall must also be beyond chance, paired per question (health.heldout).
+
+A first fall is watched: the checkpoint of the last version within the margin is kept, and the run waits. Falls often
+recover by the next evaluation; a collapse does not. The run rolls back to before them when the falls in a row number
+--health-eval-patience. It also rolls back when two or more falls span --health-eval-patience-steps steps of training.
+A dip that lasts that long is no passing one, however far apart the run evaluates.
 """
 
 from __future__ import annotations

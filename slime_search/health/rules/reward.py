@@ -2,19 +2,18 @@
 against the run's own step-to-step noise.
 
     down  the current window lies below the best window of the last 2 x --health-window steps by more than
-          --health-length-reward-dip and by more than chance: the length and truncation warnings speak only then
-          (longer answers with the reward up or level are a policy that learns to search more). Against the best
-          window of the whole run, a noisy plateau (per-step sd 0.05, as 32 prompts x 8 samples give) counted as down
-          on 219 of 300 steps, the best rising by chance as the run went on; now on 18 of 3,000 (ten such runs),
-          while a fall of 0.15 counts on 122 of the 130 steps 3-15 after it (tests/health/test_reward_rule.py).
+          --health-length-reward-dip and by more than chance; the length and truncation warnings speak only then
+          (longer answers with the reward up or level are a policy that learns to search more); it compares with the
+          recent best, not the best of the whole run, which a noisy plateau exceeds by chance ever more often as the
+          run goes on (tests/health/test_reward_rule.py)
     drop  the current window lies below the best window of the run by more than --health-reward-drop x that best and
-          by more than chance: a rollback, to before the newest window still within half that margin of the best.
+          by more than chance: a rollback, to before the newest window still within half that margin of the best
 
-Chance: the best of M independent window means is high by about sqrt(2 ln M) of their standard errors, and the current
-one may be low by Z more (DOWN_Z, DROP_Z). The standard error is the per-step standard deviation of the reward over
-sqrt(width), the deviation from the reward's second differences over the last 5 x --health-window steps
-(r[t] - 2 r[t-1] + r[t-2] has variance 6 sd^2 for independent noise, and none from a steady rise or fall), their
-median so that a jump or a kink does not count as noise. The state is the run's rewards in order.
+Chance: the best of M independent window means is high by about sqrt(2 ln M) of their standard errors. The current one
+may be low by Z more (DOWN_Z, DROP_Z). The standard error is the per-step standard deviation of the reward over
+sqrt(width). That deviation comes from the reward's second differences over the last 5 x --health-window steps:
+r[t] - 2 r[t-1] + r[t-2] has variance 6 sd^2 for independent noise, and none from a steady rise or fall. Their median
+is taken, so that a jump or a kink does not count as noise. The state is the run's rewards in order.
 """
 
 from __future__ import annotations

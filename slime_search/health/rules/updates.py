@@ -3,9 +3,9 @@
 An update is computed but not applied when its gradient norm is not finite, or above --health-grad-spike x the median
 of the recent applied ones (decided inside the optimizer step, against `skip_above`). A step none of whose updates was
 applied learned nothing: it counts as a skipped step. Refused updates in a row at one level (within the spike factor
-of each other) are a lasting change of level, not a spike: GRPO's gradient grows with the share of groups whose
-rewards differ, which can rise tenfold early in a run. The bound then follows that level instead of refusing every
-step until the run stops.
+of each other) are a lasting change of level, not a spike. GRPO's gradient grows with the share of groups whose
+rewards differ, and that share can rise tenfold early in a run. The bound then follows the new level instead of
+refusing every step until the run stops.
 """
 
 from __future__ import annotations
