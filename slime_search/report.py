@@ -1,6 +1,6 @@
-"""The run report: the run's health first (a verdict line, the health guard's events, panels of the signals it watches
-with its bounds drawn), then the reward, EM and search-rate curves, the per-step metrics and a few rollouts with their
-search calls and retrieved passages highlighted.
+"""The run report. The run's health comes first: a verdict line, the health guard's events, and panels of the signals it
+watches with its bounds drawn. Then come the reward, EM and search-rate curves, the per-step metrics, and a few rollouts
+with their search calls and retrieved passages highlighted.
 
     python -m slime_search.report RUN_DIR        # (re-)renders RUN_DIR/report/index.html and prints the verdict
     python -m slime_search.report RUN_DIR --baseline OTHER_RUN   # the other run's held-out EM beside this one's

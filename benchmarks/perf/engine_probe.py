@@ -4,11 +4,12 @@ wrong engines it must catch, as the mean |engine - trainer| log-prob per token o
     python -m benchmarks.perf.engine_probe --work /tmp/probe [--trainer [--engine-url URL]] \
         [--policy HF_DIR --sample RUN/rollouts.jsonl]
 
-Always: bfloat16 against float32 (an HF forward on this machine) on the tiny random Qwen2 policy (made in --work, or
---tiny) over a chat prompt and a response, and with --policy on its own sample (the last training sample of a run's
-rollouts.jsonl, prompt and response, at most 512 tokens). With --trainer: the Megatron actor at TP 2 under Ray, float32
-(RayTrainGroup.trainer_log_probs), against a CPU engine server on the same weights, one on another random policy, and
---engine-url (an engine serving the tiny policy of --work: real SGLang, for one), each through the probe's own call
+It always measures bfloat16 against float32 (an HF forward on this machine). It does so on the tiny random Qwen2 policy
+(made in --work, or --tiny) over a chat prompt and a response. With --policy it also does so on that policy's own
+sample: the last training sample of a run's rollouts.jsonl, prompt and response, at most 512 tokens. With --trainer it
+measures the Megatron actor at TP 2 under Ray, float32 (RayTrainGroup.trainer_log_probs). The actor is set against a CPU
+engine server on the same weights and against one on another random policy. It is also set against --engine-url, an
+engine serving the tiny policy of --work (real SGLang, for one). Each engine is read through the probe's own call
 (EngineClient.input_log_probs). Prints one JSON object.
 
 Its figures: `docs/benchmarks/health.md`.

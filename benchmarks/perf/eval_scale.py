@@ -3,15 +3,17 @@ add, on synthetic grades.
 
     python -m benchmarks.perf.eval_scale [--scale 1.0] [--seed 0]
 
-Graded rows for NQ 3,610, TriviaQA 11,313, PopQA 14,267, HotpotQA 7,405, 2wiki 12,576, Musique 2,417 and Bamboogle
-125 questions (51,713; `--scale` takes that share of every set, at least one question each): EM 0/1 at the set's
-rate, F1 1 where EM is 1 and otherwise a score with as many distinct values as questions (the worst case for the
-bootstrap), run B differing from run A on one question in ten. Times the evaluation's metrics (per set and pooled,
-the reward key and EM with their intervals: what `slime_search.eval` prints and training logs), the table (EM about
-the population and about each set, F1, per set and on the average), `--compare` on EM and on F1, and the whole
-`python -m slime_search.eval --compare A B` on grade files; then measures each again under tracemalloc (numpy reports
-its arrays to it) for the peak memory the call allocates (beyond its input, except for the whole command, whose
-peak holds the rows it reads). Prints a Markdown table (docs/benchmarks/eval.md).
+It makes graded rows for NQ 3,610, TriviaQA 11,313, PopQA 14,267, HotpotQA 7,405, 2wiki 12,576, Musique 2,417 and
+Bamboogle 125 questions (51,713). `--scale` takes that share of every set, at least one question each. EM is 0/1 at the
+set's rate. F1 is 1 where EM is 1, and otherwise a score with as many distinct values as questions (the worst case for
+the bootstrap). Run B differs from run A on one question in ten.
+
+It times the evaluation's metrics: per set and pooled, the reward key and EM with their intervals. These are what
+`slime_search.eval` prints and training logs. It times the table: EM about the population and about each set, and F1,
+per set and on the average. It times `--compare` on EM and on F1, and the whole
+`python -m slime_search.eval --compare A B` on grade files. Then it measures each again under tracemalloc (numpy reports
+its arrays to it). That gives the peak memory the call allocates beyond its input. The whole command is the exception:
+its peak holds the rows it reads. Prints a Markdown table (docs/benchmarks/eval.md).
 """
 
 from __future__ import annotations

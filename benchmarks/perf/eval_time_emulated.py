@@ -2,16 +2,16 @@
 
     python -m benchmarks.perf.eval_time_emulated [--engines 2] [--questions 3125] [--time-scale 0.25]
 
-The questions with recorded Search-R1 3B trajectories (NQ, TriviaQA, PopQA 1,000 each, Bamboogle 125, from
-../shared/data/trajectories) go through `python -m slime_search.eval` as the recipe would evaluate them (greedy, the
-Search-R1 generate plugin, its default limits and concurrency) against a BM25 retriever over the wiki-18 subset and
-`--engines` emulated SGLang engines (benchmarks.harness.stand_in_engines.emulated: the recorded turns, paced by a
-continuous-batching model of Qwen2.5-3B on one H100). examples/search-r1/run_qwen2.5_3B.sh serves with 2 engines of
-TP 2; each is emulated as one H100, which a TP-2 engine is not slower than. The emulated seconds (wall / time scale)
-per question, times 51,713 (the seven full sets), estimate the full evaluation; Search-R1 reports about 6,000 s for
-it. The retriever and the evaluation's own Python run at this machine's pace, not the time scale's: below a time
-scale of 1 their share is stretched, and the engines' busy share (printed) says how much of the time was theirs.
-Prints the figures (docs/benchmarks/eval.md).
+It takes the questions with recorded Search-R1 3B trajectories: NQ, TriviaQA, PopQA 1,000 each and Bamboogle 125, from
+../shared/data/trajectories. They go through `python -m slime_search.eval` as the recipe would evaluate them: greedy,
+with the Search-R1 generate plugin, its default limits and concurrency. They run against a BM25 retriever over the
+wiki-18 subset and `--engines` emulated SGLang engines. Those engines (benchmarks.harness.stand_in_engines.emulated)
+serve the recorded turns, paced by a continuous-batching model of Qwen2.5-3B on one H100. The recipe
+examples/search-r1/run_qwen2.5_3B.sh serves with 2 engines of TP 2; each is emulated as one H100, which a TP-2 engine is
+not slower than. The emulated seconds (wall / time scale) per question, times 51,713 (the seven full sets), estimate the
+full evaluation; Search-R1 reports about 6,000 s for it. The retriever and the evaluation's own Python run at this
+machine's pace, not the time scale's: below a time scale of 1 their share is stretched, and the engines' busy share
+(printed) says how much of the time was theirs. Prints the figures (docs/benchmarks/eval.md).
 """
 
 from __future__ import annotations

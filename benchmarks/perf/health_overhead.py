@@ -1,6 +1,7 @@
-"""What the health signals cost a training step: the Megatron actor's step with and without them (the entropy of every
-trained token and the post-update probe), and the driver's batch signals, on a model and batch of the miniature's
-shape, in one process on CPU; the variants alternate so that the machine's drift falls on both.
+"""What the health signals cost a training step, measured in one process on CPU.
+It times the Megatron actor's step with and without them (the entropy of every trained token and the post-update probe).
+It also times the driver's batch signals. The model and batch have the miniature's shape. The variants alternate so that
+the machine's drift falls on both.
 
     python -m benchmarks.perf.health_overhead --model RUN/policy [--steps 12] [--samples 64] [--response 120] \
         [--probe-tokens 512]

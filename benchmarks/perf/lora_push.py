@@ -1,6 +1,7 @@
-"""Time a LoRA run's weight push both ways into a running SGLang engine: the weights with the adapters folded in (the
-`tensor` transport's /update_weights_from_tensor, in SGLang's weight-update session) and the adapters alone
-(--lora-sync-from-tensor: /load_lora_adapter_from_tensors under PEFT's names, replacing the served adapter).
+"""Time a LoRA run's weight push both ways into a running SGLang engine: folded in, or the adapters alone.
+The first way pushes the weights with the adapters folded in (the `tensor` transport's /update_weights_from_tensor, in
+SGLang's weight-update session). The second pushes the adapters alone (--lora-sync-from-tensor). It uses
+/load_lora_adapter_from_tensors under PEFT's names and replaces the served adapter.
 
     python -m benchmarks.perf.lora_push --engine-url http://127.0.0.1:PORT --model HF_FOLDER [--rank 32] [--repeats 3]
 

@@ -1,8 +1,8 @@
 """A CPU inference engine over a transformers causal LM: batched prefill and decode with a KV cache.
 
-It is the rollout engine of CPU runs and tests, answering the same questions SGLang answers on GPU: for a
-batch of token-id prompts with per-request sampling parameters, the generated ids, their log-probs at the
-rollout temperature, the text, and why each generation stopped.
+It is the rollout engine of CPU runs and tests, and it answers the same questions SGLang answers on GPU. For a batch of
+token-id prompts with per-request sampling parameters, it gives the generated ids, their log-probs at the rollout
+temperature, the text, and why each generation stopped.
 """
 
 from __future__ import annotations
@@ -80,9 +80,9 @@ class EngineNotReady(RuntimeError):
 
 @dataclass(frozen=True)
 class InjectedFaults:
-    """Faults the CPU engine can be told to have, for measuring what a run does about them (the health benchmarks):
-    a slow decoder (so weight pushes interrupt trajectories), and an engine that acknowledges weight updates after a
-    version but keeps serving the weights it had (a stale engine, which only the trainer-engine log-prob gap shows)."""
+    """Faults the CPU engine can be told to have, for measuring what a run does about them (the health benchmarks). One
+    is a slow decoder, so that weight pushes interrupt trajectories. The other is a stale engine: it acknowledges weight
+    updates after a version but keeps serving the weights it had. Only the trainer-engine log-prob gap shows it."""
 
     decode_delay_s: float = 0.0  # added to every decode step
     freeze_weights_after: int | None = None  # updates from disk to a later (numeric) version change the version only
@@ -352,10 +352,10 @@ class CpuEngine:
 
     @torch.inference_mode()
     def input_log_probs(self, input_ids: list[int], start: int, model=None) -> list[float | None]:
-        """SGLang's input_token_logprobs from token `start` on: each input token's log-prob given the tokens before
-        it, of the model's own distribution (temperature 1 whatever the request samples at: SGLang 0.5.23 divides by
-        the temperature only for the tokens it samples), and None for the first token of the range (SGLang gives none
-        there, also when tokens precede it). `model`: an adapter's folded copy (default: the base model)."""
+        """SGLang's input_token_logprobs from token `start` on: each input token's log-prob given the tokens before it.
+        They are of the model's own distribution, at temperature 1 whatever the request samples at. SGLang 0.5.23
+        divides by the temperature only for the tokens it samples. The first token of the range gets None, as SGLang
+        gives none there, also when tokens precede it. `model`: an adapter's folded copy (default: the base model)."""
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
         logits = (model or self.model)(input_ids=ids).logits[0, start:-1].float()
         targets = ids[0, start + 1 :].unsqueeze(-1)

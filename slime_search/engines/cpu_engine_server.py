@@ -2,22 +2,21 @@
 
     python -m slime_search.engines.cpu_engine_server --model-path CKPT [--port 30000] [--max-batch-size 32]
 
-It answers as the pinned SGLang (SGLANG_VERSION, reported by /server_info) does, field for field, so that the
-client code paths that run against it are the ones that run against SGLang (tests hold both to the same
-assertions): POST /generate (with return_logprob, the sampled tokens' log-probs and, from logprob_start_len on, the
-input tokens' as SGLang gives them); GET /health, /health_generate (empty bodies); GET /model_info (the served weight
-version), /server_info; POST /update_weights_from_disk; the weight-update session (/begin_weight_update,
-/end_weight_update) that tensor and distributed updates must sit in; broadcast weight sync
-(/init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group) over gloo;
-/update_weights_from_tensor with shared-memory handles (those in cpu_engine_updates.py); LoRA adapters loaded and
-unloaded by name and a /generate's `lora_path`, and /update_weight_version (cpu_engine_lora.py);
-/release_memory_occupation and /resume_memory_occupation
+It answers as the pinned SGLang (SGLANG_VERSION, reported by /server_info) does, field for field. So the client code
+paths that run against it are the ones that run against SGLang; tests hold both to the same assertions. Its endpoints:
+POST /generate (with return_logprob, the sampled tokens' log-probs and, from logprob_start_len on, the input tokens' as
+SGLang gives them); GET /health, /health_generate (empty bodies); GET /model_info (the served weight version),
+/server_info; POST /update_weights_from_disk; the weight-update session (/begin_weight_update, /end_weight_update) that
+tensor and distributed updates must sit in; broadcast weight sync (/init_weights_update_group,
+/update_weights_from_distributed, /destroy_weights_update_group) over gloo; /update_weights_from_tensor with
+shared-memory handles (those in cpu_engine_updates.py); LoRA adapters loaded and unloaded by name and a /generate's
+`lora_path`, and /update_weight_version (cpu_engine_lora.py); /release_memory_occupation and /resume_memory_occupation
 (JSON null); /flush_cache (plain text; with ?timeout= it waits for the engine to be idle and answers 400 if it never
 is); /abort_request (empty body). Concurrent /generate requests are collected for a few milliseconds and run as one
-batch (shared prefill and decode passes over a KV cache). Weight updates run on the same worker, between batches, so
-no generation ever mixes two weight versions. Where SGLang would crash (out-of-range token ids, unknown memory tags,
-a memory release while a request is running or waiting, after which SGLang's whole process exits), the CPU engine
-answers 400 instead.
+batch (shared prefill and decode passes over a KV cache). Weight updates run on the same worker, between batches, so no
+generation ever mixes two weight versions. Where SGLang would crash (out-of-range token ids, unknown memory tags, a
+memory release while a request is running or waiting, after which SGLang's whole process exits), the CPU engine answers
+400 instead.
 """
 
 # No `from __future__ import annotations`: FastAPI resolves the handlers' annotations at run time.

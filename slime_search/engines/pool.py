@@ -1,18 +1,18 @@
 """Generation spread over several engines by the client itself, with failover.
 
-A trajectory talks to its engine through a `Route`: the engine is chosen at its first request (the live engine with
-the fewest requests in flight) and kept for the following turns, whose prompts extend the previous one, so the
-engine's prefix cache holds most of each. When that engine has a transient fault (connection refused or reset,
-502/503/504) or stops answering within the timeout, it is marked down for this pool and the request goes to another
-live engine at once: a generation from token ids keeps nothing of a failed attempt, so sending it again anywhere is
-safe. With one engine (or none left alive) a transient fault is re-sent to the same engine after a backoff, as
-before; a timeout then is final (a frozen engine would cost the bound again).
+A trajectory talks to its engine through a `Route`. The engine is chosen at its first request: the live engine with the
+fewest requests in flight. It is kept for the following turns, whose prompts extend the previous one, so the engine's
+prefix cache holds most of each. When that engine has a transient fault (connection refused or reset, 502/503/504), or
+stops answering within the timeout, it is marked down for this pool. The request goes to another live engine at once. A
+generation from token ids keeps nothing of a failed attempt, so sending it again anywhere is safe. With one engine (or
+none left alive) a transient fault is re-sent to the same engine after a backoff, as before; a timeout then is final (a
+frozen engine would cost the bound again).
 
-SGLang's router is not in this path: with its health checks off (which a colocated engine needs), it keeps sending
-requests to a dead engine and answers 500 for each (measured: 8 of 8 after one of two engines was killed), and its
-cache-aware policy sent every short prompt of a test to one engine. An engine marked down is tried again after
-`retry_down_after_s` (a pool can outlive a rollout: the asynchronous stream keeps one), since the manager restarts a
-dead engine on its own address; `mark_up` returns one at once.
+SGLang's router is not in this path. With its health checks off, as a colocated engine needs, it keeps sending requests
+to a dead engine and answers 500 for each (8 of 8 after one of two engines was killed). Its cache-aware policy also sent
+every short prompt of a test to one engine. An engine marked down is tried again after `retry_down_after_s` (a pool can
+outlive a rollout: the asynchronous stream keeps one), since the manager restarts a dead engine on its own address;
+`mark_up` returns one at once.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Launch SGLang engines (one `sglang.launch_server` per engine) and the SGLang router.
 
 SGLang is imported by the child processes only; building commands and registering workers need no GPU. Each engine
-serves SGLang's native API on its own port; the router spreads /generate over the engines, and the control calls
-(weight updates, memory hand-over, abort) go to each engine's own address, since the router does not route them.
-Engines start together (all spawned, then all awaited). The router runs without its own health checks and circuit
-breaker: SGLang's /health is a real one-token generation, which an engine that has released its memory to a
-colocated trainer must not run, and which takes longer than the router's 5 s probe while a weight update holds it.
-Worker registration (`POST /workers`) is asynchronous in the router, so `launch` waits until every engine is listed.
+serves SGLang's native API on its own port; the router spreads /generate over the engines, and the control calls (weight
+updates, memory hand-over, abort) go to each engine's own address, since the router does not route them. Engines start
+together (all spawned, then all awaited). The router runs without its own health checks and circuit breaker. SGLang's
+/health is a real one-token generation. An engine that has released its memory to a colocated trainer must not run one.
+And while a weight update holds the engine, it takes longer than the router's 5 s probe. Worker registration (`POST
+/workers`) is asynchronous in the router, so `launch` waits until every engine is listed.
 """
 
 from __future__ import annotations

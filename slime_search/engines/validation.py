@@ -1,6 +1,6 @@
-"""Checks of the CPU engine server's request bodies, so that every malformed body or parameter gets a 400 with a
-message and never a 500: a 500 closes the keep-alive connection and, for a broken worker, can take the batch with
-it. The checks run before anything reaches the engine's worker thread."""
+"""Checks of the CPU engine server's request bodies: every malformed body or parameter gets a 400 with a message, never
+a 500. A 500 closes the keep-alive connection. For a broken worker it can take the batch with it. The checks run before
+anything reaches the engine's worker thread."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Who holds the device memory when the engines share the actor's GPUs (--colocate).
 
-Rollout and eval need the engines whole (weights and KV cache) and the actor away; training needs the actor back
-and the engines released; a weight push needs the actor in place and the engines' weight memory, not yet their KV
-cache and CUDA graphs. Each phase asks for its layout and only the changes are made, in an order that never holds both sides'
-memory at once: the side that leaves goes first. Without --colocate every call is a no-op.
+Rollout and eval need the engines whole (weights and KV cache) and the actor away; training needs the actor back and the
+engines released; a weight push needs the actor in place and the engines' weight memory, not yet their KV cache and CUDA
+graphs. Each phase asks for its layout and only the changes are made, in an order that never holds both sides' memory at
+once: the side that leaves goes first. Without --colocate every call is a no-op.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ class Colocation:
 
     def _engine_tags(self, held: bool) -> list[str]:
         """SGLang's memory tags the engines currently hold (or, with held=False, have given back). CUDA-graph memory
-        goes and comes with the KV cache: it is needed for generation only, and it is GBs an engine would otherwise
-        keep through training (SGLang releases it only when the engine was started with
-        SGLANG_MEMORY_SAVER_CUDA_GRAPH=1, which colocated engines are: engines.sglang_launch.MEMORY_SAVER_ENV)."""
+        goes and comes with the KV cache. It is needed for generation only, and an engine would otherwise keep its GBs
+        through training. SGLang releases it only when the engine was started with SGLANG_MEMORY_SAVER_CUDA_GRAPH=1, as
+        colocated engines are (engines.sglang_launch.MEMORY_SAVER_ENV)."""
         tags = {
             "weights": self.layout.engine_weights,
             "kv_cache": self.layout.engine_kv_cache,

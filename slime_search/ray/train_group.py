@@ -63,9 +63,10 @@ def create_placement_group(config: TrainGroupConfig):
 
 
 def reduce_over_data_parallel(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """One step's metrics from each data-parallel rank's: a rank reports its share of every global-batch quantity
-    (normalised by the global token and sequence counts, so the shares add up), and a few values whole (the gradient
-    norm, whether the step was applied, what the ranks all-reduced themselves: `REPLICATED_METRICS`)."""
+    """One step's metrics from each data-parallel rank's. A rank reports its share of every global-batch quantity,
+    normalised by the global token and sequence counts, so the shares add up. A few values it reports whole
+    (`REPLICATED_METRICS`): the gradient norm, whether the step was applied, and what the ranks all-reduced themselves.
+    """
     from slime_search.backends.megatron.actor import REPLICATED_METRICS
 
     out: dict[str, float] = {}

@@ -1,10 +1,10 @@
 """One rollout: n samples per prompt through the generate and reward plugins, optional filtering of groups
 without signal (with over-sampling to keep the batch full), and GRPO advantages by group.
 
-What the plugins return is checked before it can reach the loss: a sample whose engine log-probs are not finite, or
-whose reward is not a finite number (NaN, inf, None, a string) or whose reward plugin raised, becomes FAILED with the
-reason in its metadata (`finish_reason`, `error`; for a plugin that raised, `error_kind`: whether the fault passes, a
-service timing out, or comes back, a bug: slime_search.utils.faults) and leaves the loss, like a failed search; the
+What the plugins return is checked before it can reach the loss. A sample becomes FAILED when its engine log-probs are
+not finite, when its reward is not a finite number (NaN, inf, None, a string), or when its reward plugin raised. The
+reason goes in its metadata (`finish_reason`, `error`; for a plugin that raised, `error_kind`: whether the fault passes,
+a service timing out, or comes back, a bug: slime_search.utils.faults) and leaves the loss, like a failed search; the
 driver decides, by rate and kind, whether the step may train on the rest, waits the fault out, or stops.
 """
 
@@ -95,10 +95,10 @@ ATTEMPT_STRIDE = 2_654_435_761  # an odd multiplier (Knuth's): each attempt's se
 
 
 def attempt_params(params: dict, attempt: int) -> dict:
-    """The run's sampling parameters for its `attempt`-th timeline (0, then one more after each rollback): the base
-    `sampling_seed` moves with the attempt, so the steps redone after a rollback draw fresh trajectories instead of
-    those of the steps they replace (the same prompts, seeds and weights gave the same first redone step, and a
-    length blow-up came back step for step). A resumed run is on the same attempt, so it draws what it drew."""
+    """The run's sampling parameters for its `attempt`-th timeline (0, then one more after each rollback). The base
+    `sampling_seed` moves with the attempt. So the steps redone after a rollback draw fresh trajectories instead of
+    those of the steps they replace. With the same prompts, seeds and weights, the first redone step was the same, and a
+    length blow-up came back step for step. A resumed run is on the same attempt, so it draws what it drew."""
     params = dict(params)
     if params.get("sampling_seed") is not None and attempt:
         params["sampling_seed"] = (params["sampling_seed"] + attempt * ATTEMPT_STRIDE) % (1 << 31)
@@ -106,9 +106,9 @@ def attempt_params(params: dict, attempt: int) -> dict:
 
 
 def trajectory_params(params: dict, index: int) -> dict:
-    """Sample `index`'s own sampling parameters: the run's base `sampling_seed` becomes a seed of this trajectory's
-    own, so what it draws does not depend on which other requests an engine batched with it (an engine that seeds
-    its sampling: SGLang with deterministic inference, the CPU engine; others ignore the key)."""
+    """Sample `index`'s own sampling parameters. The run's base `sampling_seed` becomes a seed of this trajectory's own.
+    So what it draws does not depend on which other requests an engine batched with it (on an engine that seeds its
+    sampling: SGLang with deterministic inference, the CPU engine; others ignore the key)."""
     params = dict(params)
     if params.get("sampling_seed") is not None:
         params["sampling_seed"] = (params["sampling_seed"] * 1_000_003 + index) % (1 << 31)
@@ -217,9 +217,9 @@ async def generate_rollout(
 
 
 def batch_metrics(groups: list[list[Sample]], dropped: int, reward_key: str) -> dict[str, float]:
-    """What a batch of groups says before training on it: groups kept and dropped, the share of groups without reward
-    signal, failed samples by cause, truncations, the reward's mean and spread (and the mean of every other numeric
-    key the reward plugin returns: format validity, EM, ...), and response lengths."""
+    """What a batch of groups says before training on it. It counts groups kept and dropped, the share of groups without
+    reward signal, failed samples by cause and truncations. It gives the reward's mean and spread, the mean of every
+    other numeric key the reward plugin returns (format validity, EM, ...), and response lengths."""
     from slime_search.metrics import percentile
 
     samples = [s for g in groups for s in g]

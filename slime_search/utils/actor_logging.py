@@ -1,5 +1,5 @@
-"""Where the log records of a Ray actor go: INFO and above to a file of its own in the run folder, WARNING and above
-also to the actor's stderr, which Ray forwards to the driver's console (the driver starts Ray with log_to_driver, as
+"""Where the log records of a Ray actor go. INFO and above go to a file of its own in the run folder. WARNING and above
+also go to the actor's stderr, which Ray forwards to the driver's console (the driver starts Ray with log_to_driver, as
 slime does). A process without handlers would print warnings only through Python's last-resort handler, into Ray's
 session logs, where nobody looks: an engine marked down or restarted, a refused search batch, a failed rollout stream.
 """

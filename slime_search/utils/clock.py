@@ -1,5 +1,5 @@
-"""The run's clock: what the waits of a run go through (a passing fault waited out, a save retried), so that a
-simulation can put a clock of its own in its place and run an hour-long outage in no time (`RunParts.clock`)."""
+"""The run's clock, which the waits of a run go through (a passing fault waited out, a save retried). A simulation can
+put a clock of its own in its place and run an hour-long outage in no time (`RunParts.clock`)."""
 
 from __future__ import annotations
 

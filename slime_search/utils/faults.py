@@ -1,6 +1,6 @@
-"""What kind of fault an exception is: one that passes (a service timing out, refusing or dropping connections, busy or
-failing on its side) or one that would come back on every try (a bug: a TypeError, a KeyError, a 4xx answer), and
-whether it is a disk that is full or over its quota.
+"""What kind of fault an exception is. One that passes is a service timing out, refusing or dropping connections, or
+busy or failing on its side. One that would come back on every try is a bug: a TypeError, a KeyError, a 4xx answer. A
+disk that is full or over its quota is told apart too.
 
 The reward plugins and search clients a run loads use whichever HTTP library they like (aiohttp, httpx, requests, an
 SDK), so the test is by what the exception says about itself, along its chain of causes:
@@ -90,9 +90,9 @@ def error_kind(err: BaseException) -> str:
 
 
 def disk_full_error(err: BaseException) -> OSError | None:
-    """The OSError ENOSPC or EDQUOT (no space left, disk quota exceeded) behind `err`, if any: along its causes and,
-    for an error gathered from several workers (the CheckpointException of a torch_dist save holds one per rank, Ray's
-    RayTaskError its `cause`), theirs."""
+    """The OSError ENOSPC or EDQUOT (no space left, disk quota exceeded) behind `err`, if any. It is looked for along
+    the error's causes. An error gathered from several workers has its workers' errors looked at too: the
+    CheckpointException of a torch_dist save holds one per rank, and Ray's RayTaskError its `cause`."""
     pending, seen = [err], set()
     while pending and len(seen) < 4 * MAX_CHAIN:
         for each in causes(pending.pop()):

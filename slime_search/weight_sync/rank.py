@@ -1,8 +1,8 @@
 """The trainer rank's half of weight sync, mixed into the rank's Ray actor (`slime_search.ray.train_group.TrainRank`).
 
-Every method is called on every rank at once (`RayTrainGroup.on_all_ranks`) by a transport on the driver: the ranks
-gather their tensor-parallel shards together, and rank 0 (disk, broadcast) or each rank an engine sits on (tensor
-handles) hands the result on.
+A transport on the driver calls every method on every rank at once (`RayTrainGroup.on_all_ranks`). The ranks gather
+their tensor-parallel shards together. Then rank 0 (disk, broadcast), or each rank an engine sits on (tensor handles),
+hands the result on.
 """
 
 from __future__ import annotations

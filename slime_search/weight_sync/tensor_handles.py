@@ -1,9 +1,10 @@
 """Weight sync by tensor handles (SGLang's /update_weights_from_tensor), for engines that share the trainer's devices.
 
-Nothing but handles crosses HTTP: each trainer rank an engine sits on serializes a bucket of its HF-named tensors
-(`slime_search.engines.weight_wire`: a flattened bucket of CUDA IPC handles on GPU, shared memory on CPU), and the
-engine maps the same memory and copies from it. The pushes sit in SGLang's weight-update session. `serialized_named_tensors` holds one entry per engine TP rank. A rank drops a bucket only once every
-engine has answered for it (the rank's half: `slime_search.weight_sync.rank`).
+Nothing but handles crosses HTTP. Each trainer rank an engine sits on serializes a bucket of its HF-named tensors
+(`slime_search.engines.weight_wire`). On GPU that is a flattened bucket of CUDA IPC handles; on CPU, shared memory. The
+engine maps the same memory and copies from it. The pushes sit in SGLang's weight-update session.
+`serialized_named_tensors` holds one entry per engine TP rank. A rank drops a bucket only once every engine has answered
+for it (the rank's half: `slime_search.weight_sync.rank`).
 """
 
 from __future__ import annotations

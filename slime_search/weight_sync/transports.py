@@ -11,10 +11,10 @@ half is `slime_search.weight_sync.rank`) and the engines' own addresses, and is 
 
 Under --lora-sync-from-tensor the adapters alone go to SGLang's LoRA (`lora_adapters.py`), whatever transport is named.
 
-The nccl and tensor transports stream: the tensor-parallel shards are gathered and renamed one unit (embedding,
-decoder layer, head) at a time into buckets (`gather.iter_hf_buckets`), so a push never holds a second copy of the
-whole model on the trainer's device. After a push every engine must report the new version, so a rollout never
-starts on mixed versions.
+The nccl and tensor transports stream. The tensor-parallel shards are gathered and renamed into buckets one unit at a
+time: the embedding, a decoder layer, the head (`gather.iter_hf_buckets`). So a push never holds a second copy of the
+whole model on the trainer's device. After a push every engine must report the new version, so a rollout never starts on
+mixed versions.
 
 Tensor and distributed updates sit in SGLang's weight-update session (/begin_weight_update ... /end_weight_update)
 on engines whose SGLang version needs it (0.5.21 and later); the version each engine serves is read from

@@ -3,11 +3,11 @@
     python -m benchmarks.harness.stand_in_engines.emulated --tokenizer DIR \
         --trajectories ../shared/data/trajectories/search_r1_3b_base_nq.jsonl --port 0 [--time-scale 0.25]
 
-What it says comes from recorded trajectories (benchmarks.harness.stand_in_engines.replay: the turn of the question in
-the prompt, cut where SGLang would stop); when it says it comes from a model of continuous batching: every running
-request gains one token per decode step, a step takes the inter-token latency the modelled GPU has at that many running
-requests (`GpuTiming`, interpolated), plus the prefill of the tokens that joined (a trajectory's earlier turns stay in
-the prefix cache). At most `max_running` requests decode at once (the KV cache's bound); the others wait. Every emulated
+What it says comes from recorded trajectories (benchmarks.harness.stand_in_engines.replay): the turn of the question in
+the prompt, cut where SGLang would stop. Its timing comes from a model of continuous batching. Every running request
+gains one token per decode step. A step takes the inter-token latency the modelled GPU has at that many running requests
+(`GpuTiming`, interpolated). It adds the prefill of the tokens that joined; a trajectory's earlier turns stay in the
+prefix cache. At most `max_running` requests decode at once (the KV cache's bound); the others wait. Every emulated
 duration is multiplied by --time-scale, so a run can go faster than real time.
 
 The emulated GPU keeps its own clock. SGLang's scheduler runs in a process of its own, beside the HTTP front end, so
@@ -16,10 +16,11 @@ because the loop was busy is made up by the steps after it (they run back to bac
 request joins the batch only at a step that begins after it arrived, so making up never decodes a request early. A
 lag beyond LAG_MADE_UP_S is not made up: it is counted as late, the emulator's own cost, as is a lag a pause cuts off.
 
-Weight sync is emulated too: /update_weights_from_disk (and the distributed update) take the modelled push time and
-then serve the new version; /pause_generation (retract) stops decoding with every request's tokens kept, and
-/continue_generation re-prefills them and goes on, each token recording the version that generated it (SGLang's
-`weight_versions` spans). It serves the asynchronous-training benchmark (benchmarks.perf.rollout_overlap).
+Weight sync is emulated too. The endpoint /update_weights_from_disk (and the distributed update) takes the modelled
+push time and then serves the new version. The endpoint /pause_generation (retract) stops decoding and keeps every
+request's tokens. The endpoint /continue_generation re-prefills them and goes on. Each token records the version that
+generated it (SGLang's `weight_versions` spans). It serves the asynchronous-training benchmark
+(benchmarks.perf.rollout_overlap).
 """
 
 # No `from __future__ import annotations`: FastAPI resolves the handlers' annotations at run time.
@@ -122,9 +123,9 @@ class EmulatedEngine:
 
     def plan(self, body: dict) -> tuple[str, dict]:
         """The request's question and its recorded turn as SGLang answers it, at the version served now. A
-        question's samples follow one recorded trajectory, so they ask with the same context: the answer is worked
-        out once per context and sampling parameters (decoding and encoding on the engine's one event loop would
-        hold its decode steps back, time a GPU engine does not lose)."""
+        question's samples follow one recorded trajectory, so they ask with the same context. The answer is worked
+        out once per context and sampling parameters. Decoding and encoding on the engine's one event loop would
+        hold its decode steps back, and that is time a GPU engine does not lose."""
         params = body.get("sampling_params", {})
         key = (tuple(body["input_ids"]), params.get("max_new_tokens"), tuple(params.get("stop") or ()))
         if key not in self._plans:

@@ -3,10 +3,10 @@
     python -m benchmarks.harness.stand_in_engines.replay --tokenizer DIR --script SCRIPT.json --port 0
     python -m benchmarks.harness.stand_in_engines.replay --tokenizer DIR --trajectories ../shared/data/trajectories/X.jsonl
 
-It drives the multi-turn loop with a known policy: in tests (a script: a substring of the prompt, e.g. the
-question, mapped to the texts of successive turns) and in the rollout benchmark (real Search-R1 trajectories,
-split into turns at their <information> blocks, so searches follow the real model's pattern while the
-retriever and the search client do real work). The turn number is the count of observations already in the
+It drives the multi-turn loop with a known policy. In tests it follows a script: a substring of the prompt, e.g.
+the question, mapped to the texts of successive turns. In the rollout benchmark it replays real Search-R1
+trajectories, split into turns at their <information> blocks. There searches follow the real model's pattern while
+the retriever and the search client do real work. The turn number is the count of observations already in the
 assistant's part of the prompt (in a chat template's own tool format, the assistant headers after the first).
 Output ids are the tokenizer's encoding of the turn text, cut to
 max_new_tokens; every request is recorded and served back by GET /requests.
