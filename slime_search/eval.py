@@ -1,7 +1,9 @@
-"""Evaluate a checkpoint (or a running engine) on Search-R1 test sets: the paper's table (EM per set and the average,
-each with its 95% bootstrap interval about the population of questions, and, for a set graded in part, about the
-whole set's EM; F1, search rate, turns, format-valid rate), and the comparison of two runs, paired question by
-question (by data row, never by prompt text, which two questions may share).
+"""Evaluate a checkpoint (or a running engine) on Search-R1 test sets, or compare two runs question by question.
+
+The evaluation prints the paper's table: EM per set and the average, F1, search rate, turns and format-valid rate.
+Each EM comes with its 95% bootstrap interval about the population of questions. A set graded in part also gets one
+about the whole set's EM. The comparison of two runs pairs them by data row, never by prompt text, which two questions
+may share.
 
     python -m slime_search.eval --hf-checkpoint CKPT --eval-prompt-data nq data/nq_test.parquet ... \
         --search-url http://127.0.0.1:8000/retrieve --apply-chat-template --output eval.json

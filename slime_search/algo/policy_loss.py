@@ -62,9 +62,9 @@ def policy_loss(
 def likelihood_preservation(
     log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor, lengths: list[int] | torch.Tensor
 ) -> torch.Tensor:
-    """Per-token penalty of a likelihood-preserving regulariser in the manner of LLDS (arXiv 2512.04220): it acts only
-    on a response whose likelihood fell below the old policy's (the masked sum of logp - logp_old < 0), and within it
-    only on the tokens whose log-prob fell, by how much it fell:
+    """Per-token penalty of a likelihood-preserving regulariser in the manner of LLDS (arXiv 2512.04220). It acts only
+    on a response whose likelihood fell below the old policy's (the masked sum of logp - logp_old < 0). Within it, it
+    acts only on the tokens whose log-prob fell, by how much it fell:
 
         penalty_t = max(0, logp_old_t - logp_t) * 1[sum_t m_t (logp_t - logp_old_t) < 0]
 

@@ -75,10 +75,10 @@ def finite_population_factor(n: int, population: int | None) -> float:
 def _resampled_means(values: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
     """The means of `resamples` bootstrap resamples of `values`.
 
-    A resample's mean depends only on how often it draws each distinct score, and those counts are multinomial: for
-    scores with few distinct values (0/1 grades, paired differences in {-1, 0, 1}, token F1 of short answers) the
-    counts are drawn directly, exactly the distribution that resampling question indices gives, in memory and time
-    of resamples x distinct values instead of resamples x questions. Other scores are resampled by index in chunks
+    A resample's mean depends only on how often it draws each distinct score, and those counts are multinomial. So for
+    scores with few distinct values (0/1 grades, paired differences in {-1, 0, 1}, token F1 of short answers) the counts
+    are drawn directly. That is exactly the distribution that resampling question indices gives. It costs memory and
+    time of resamples x distinct values instead of resamples x questions. Other scores are resampled by index in chunks
     of bounded size."""
     n = len(values)
     distinct, counts = np.unique(values, return_counts=True)

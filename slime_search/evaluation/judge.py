@@ -1,7 +1,7 @@
-"""An optional LLM judge for the answers exact match misses ("the 44th president" for "Barack Obama"): any
-OpenAI-compatible chat endpoint, asked once per distinct (question, answer, references) and model, with every
-verdict cached in SQLite so a re-run or another run asks again only what is new, and the tokens (and dollars, at the
-prices given) of what it did ask logged.
+"""An optional LLM judge for the answers exact match misses ("the 44th president" for "Barack Obama"). It is any
+OpenAI-compatible chat endpoint, asked once per distinct (question, answer, references) and model. Every verdict is
+cached in SQLite, so a re-run or another run asks again only what is new. The tokens (and dollars, at the prices given)
+of what it did ask are logged.
 
 Only answers EM scored 0 are sent; an answer EM accepts is accepted without asking. A call that still fails after
 its retries leaves that answer unjudged (counted and reported), never silently "no". The key comes from the

@@ -106,9 +106,9 @@ def _mean(values) -> float | None:
 
 
 def search_r1_table(rows: list[dict], seed: int = 0) -> dict:
-    """Per set and for the average over sets: EM with its interval about the population of questions ("em") and
-    about this set's EM ("em_set"), F1 mean and interval (population), search rate, mean turns, format-valid rate,
-    the number of questions graded and the set's size."""
+    """Per set and for the average over sets: EM with its interval about the population of questions ("em") and about
+    this set's EM ("em_set"). Then F1's mean and interval (population), the search rate, mean turns, the format-valid
+    rate, the number of questions graded and the set's size."""
     if not rows:
         raise ValueError("no graded questions: nothing to tabulate")
     grouped = by_source(rows)

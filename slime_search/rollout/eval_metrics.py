@@ -1,12 +1,12 @@
 """Evaluation metrics of a set of scored rollouts, per data source and overall.
 
-The reward plugin decides what is measured: every numeric key of the reward it returns (for Search-R1: score, em,
-subem, f1, format_valid, ...) is averaged per data source; a plain float reward is reported under the reward key.
-A sample that never got a reward (a failed search, an aborted generation) counts as 0 on every key. Search rate
-and turns come from the generate plugin's per-sample metrics. The reward key and EM (where the reward has it) come
-with their 95% bootstrap interval about the population of questions, as KEY_low and KEY_high: the same estimand for
-a whole set and a subset of it (`--eval-sample`), so the two read alike. A subset's set also gets KEY_set_low and
-KEY_set_high, the interval about the whole set's own score (narrowed by the finite-population factor).
+The reward plugin decides what is measured: every numeric key of the reward it returns (for Search-R1: score, em, subem,
+f1, format_valid, ...) is averaged per data source; a plain float reward is reported under the reward key. A sample that
+never got a reward (a failed search, an aborted generation) counts as 0 on every key. Search rate and turns come from
+the generate plugin's per-sample metrics. The reward key and EM (where the reward has it) come with their 95% bootstrap
+interval about the population of questions, as KEY_low and KEY_high. That is the same estimand for a whole set and a
+subset of it (`--eval-sample`), so the two read alike. A subset's set also gets KEY_set_low and KEY_set_high, the
+interval about the whole set's own score (narrowed by the finite-population factor).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""What a training run keeps in its folder besides the metrics (metrics.jsonl, slime_search.metrics): the rollouts
-shown in the report (rollouts.jsonl), the health guard's events (health.jsonl) and, per checkpoint, the rollout state
-(the data position) next to the actor's torch_dist files (checkpoints/iter_N/, written with them). A resumed run drops
-what was recorded after its last complete checkpoint, except the rollbacks and stops of the guard: they changed the
-run's course (a rollback's remedy holds while it is recent) and stay in its history.
+"""What a training run keeps in its folder besides the metrics (metrics.jsonl, slime_search.metrics). It keeps the
+rollouts shown in the report (rollouts.jsonl) and the health guard's events (health.jsonl). Per checkpoint it keeps the
+rollout state (the data position) next to the actor's torch_dist files (checkpoints/iter_N/, written with them). A
+resumed run drops what was recorded after its last complete checkpoint, except the rollbacks and stops of the guard:
+they changed the run's course (a rollback's remedy holds while it is recent) and stay in its history.
 
 Nothing the guard does deletes a checkpoint: the checkpoints a rollback or a stop undoes (and their HF copies) are
 moved to checkpoints/undone/NNN-WHY/ (and hf/undone/NNN-WHY/). NNN rises with every set and is never used twice, even

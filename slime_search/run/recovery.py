@@ -222,9 +222,9 @@ class Recovery:
         return next((event for event in self.report(events) if event.action == "rollback"), None)
 
     def name_target(self, event: Event) -> Event:
-        """A watched held-out fall, with the checkpoint a rollback would go back to now: the rollback policy's choice
-        among the checkpoints on disk, which can be older than the last version within the margin (a warning near
-        that version leaves its checkpoint unconfirmed)."""
+        """A watched held-out fall, with the checkpoint a rollback would go back to now. That is the rollback policy's
+        choice among the checkpoints on disk. It can be older than the last version within the margin, since a warning
+        near that version leaves its checkpoint unconfirmed."""
         if event.action != "watch" or BEFORE not in event.values:
             return event
         target = self.parts.guard.rollback_target(self.parts.folder.checkpoint_steps(), int(event.values[BEFORE]))

@@ -1,10 +1,10 @@
 """A command-line flag declared once, as a field of the typed config it sets.
 
-`flag(default, help, ...)` is a dataclass field whose metadata carries the flag's help, its converter, its choices,
-its aliases and whether it is slime's flag with slime's meaning. `add_flags` declares a config class's flags on a
-parser (the field's default is the flag's default: they cannot drift), `from_flags` builds the config from the parsed
-flags (one direction), and `slime_flag_names` lists the slime names the fields carry, for the slime vocabulary.
-Validation is the converter's (at parse time) and the config's `__post_init__` (at construction).
+`flag(default, help, ...)` is a dataclass field whose metadata carries the flag's help, its converter, its choices, its
+aliases and whether it is slime's flag with slime's meaning. `add_flags` declares a config class's flags on a parser;
+the field's default is the flag's default, so they cannot drift. `from_flags` builds the config from the parsed flags,
+in one direction. `slime_flag_names` lists the slime names the fields carry, for the slime vocabulary. Validation is the
+converter's (at parse time) and the config's `__post_init__` (at construction).
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ def flag(
     switches: tuple[tuple[str, Any, str, bool], ...] = (),
     exclusive: str | None = None,
 ) -> Any:
-    """A field that is also a flag, `--field-name-with-dashes` or `name`; a bool field is a switch (--x where its default is False,
-    --x / --no-x where it is True or `negatable`). `slime`: True where slime declares the same name with this meaning, or slime's name
-    where it is one of `aliases`."""
+    """A field that is also a flag, `--field-name-with-dashes` or `name`; a bool field is a switch (--x where its
+    default is False, --x / --no-x where it is True or `negatable`). `slime`: True where slime declares the same name
+    with this meaning, or slime's name where it is one of `aliases`."""
     if isinstance(slime, str) and slime not in aliases:
         raise ValueError(f"slime's name {slime} is not among the aliases {aliases}")
     choices = tuple(choices) if choices is not None else None
@@ -112,10 +112,10 @@ def add_flags(
     skip: Iterable[str] = (),
     required: Iterable[str] = (),
 ) -> None:
-    """Declare the flag fields of `config_class` on `group` (a parser or an argument group): every one, or those
-    named in `only`, less those in `skip` (a CLI that takes some of a class's flags, or a class whose flags sit in
-    two groups of the help). The flags of the fields in `required` must be given on this CLI (the converters need
-    the model's shape, which training reads from config.json)."""
+    """Declare the flag fields of `config_class` on `group` (a parser or an argument group). It declares every one, or
+    those named in `only`, less those in `skip`. That serves a CLI that takes some of a class's flags, or a class whose
+    flags sit in two groups of the help. The flags of the fields in `required` must be given on this CLI (the converters
+    need the model's shape, which training reads from config.json)."""
     fields = flag_fields(config_class)
     names = {field.name for field in fields}
     required = set(required)

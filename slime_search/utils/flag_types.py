@@ -1,7 +1,7 @@
 """argparse `type=` functions for numeric flags: a value out of range is a usage error that names the flag.
 
-argparse turns the ArgumentTypeError raised here into `error: argument --flag: must be >= 1, got 0` (exit code 2),
-so a zero concurrency or a negative timeout is refused when the command line is read, not found later as a hang or a
+argparse turns the ArgumentTypeError raised here into `error: argument --flag: must be >= 1, got 0` (exit code 2). So a
+zero concurrency or a negative timeout is refused when the command line is read. It is not found later as a hang or a
 traceback inside a worker.
 """
 
