@@ -222,11 +222,11 @@ def checkpoints_section(run_dir: Path) -> str:
 
 
 def search_cost_section(records: list[dict[str, Any]]) -> str:
-    """What web search cost over the run (training rollouts and evaluations). Two figures, told apart: the budget
-    ledger's (`*/search_ledger_calls`, the running total a task's spending ledger wrote into the steps' records:
-    every attempt a paid API may have billed, retried, failed, of steps a rollback undid, of evaluations), when the
-    run had one; and the sum of the records kept (the first requester of each answered search, in the steps the run
-    kept), with the cache's answers. Empty for a run that made no billed call."""
+    """What web search cost over the run (training rollouts and evaluations). Two figures, told apart. The first is the
+    budget ledger's (`*/search_ledger_calls`), when the run had one. It is the running total a task's spending ledger
+    wrote into the steps' records: every attempt a paid API may have billed, retried, failed, of steps a rollback undid,
+    of evaluations. The second is the sum of the records kept (the first requester of each answered search, in the steps
+    the run kept), with the cache's answers. Empty for a run that made no billed call."""
     totals = {"billed": 0.0, "usd": 0.0, "hits": 0.0}
     ledger = {"calls": None, "usd": None}
     for record in records:

@@ -2,11 +2,11 @@
 
 A plugin is slime's when the module that defines it uses slime (it imported `slime` or a name from it); the loader
 (slime_search.plugins.Plugins.load) then wraps it here, whichever slime serves it (a real install or
-slime_search.compat's). The wrapped generate gets a slime sample (samples.to_slime), the sampling parameters slime
-would pass (GenerateState's, under the rollout's own: temperature, top_p, max_new_tokens, the trajectory's seed), and
-`args` with slime's defaults for the slime flags this project does not declare (`SLIME_DEFAULTS`) and the engines'
-address as slime names it (`sglang_router_ip`/`sglang_router_port`, set by the rollout manager). What it returns
-comes back as this project's sample (samples.from_slime). The wrapped reward gets the slime sample the generate
+slime_search.compat's). The wrapped generate gets a slime sample (samples.to_slime). It gets the sampling parameters
+slime would pass: GenerateState's, under the rollout's own (temperature, top_p, max_new_tokens, the trajectory's seed).
+Its `args` carry slime's defaults for the slime flags this project does not declare (`SLIME_DEFAULTS`). They also carry
+the engines' address as slime names it (`sglang_router_ip`/`sglang_router_port`, set by the rollout manager). What it
+returns comes back as this project's sample (samples.from_slime). The wrapped reward gets the slime sample the generate
 returned (or, after a generate of this project, the sample converted) and, as slime does, is not called when the
 generate already set a reward. At the end of every rollout the HTTP sessions `post` opened in it are closed.
 

@@ -6,9 +6,9 @@ wins. Asked then, it answers with the package in `slime_search/compat/slime/`, w
 (`slime.utils.types`, ...) the path finder resolves from that package's folder. Nothing is imported until a plugin
 imports `slime`; the first time, one log line says where slime's modules come from.
 
-A finder rather than a check of `importlib.util.find_spec("slime")` when plugins load: it costs nothing for plugins
-that never import slime, and it decides at the first `import slime`, so a slime whose path a plugin's module adds
-before importing it still takes precedence.
+A finder rather than a check of `importlib.util.find_spec("slime")` when plugins load. It costs nothing for plugins that
+never import slime. It decides at the first `import slime`, so a slime whose path a plugin's module adds before
+importing it still takes precedence.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The run's training flags beyond the loss's and the optimizer's own fields: its length, the optimizer step's size,
-the advantage estimator, the KL reference, the loss's reduction, the micro-batches, and the general form of the
-importance weights (declared as the fields of `TrainingConfig` and `ImportanceWeightsConfig`; slime's names)."""
+"""The run's training flags beyond the loss's and the optimizer's own fields. They set its length, the optimizer step's
+size, the advantage estimator, the KL reference, the loss's reduction, the micro-batches, and the general form of the
+importance weights. They are declared as the fields of `TrainingConfig` and `ImportanceWeightsConfig`; slime's names).
+"""
 
 from __future__ import annotations
 

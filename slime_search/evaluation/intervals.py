@@ -137,9 +137,9 @@ def bootstrap_interval(
 def average_interval(
     draws_by_set: dict[str, Draws], level: float = LEVEL, populations: dict[str, int] | None = None
 ) -> Interval:
-    """The unweighted average of the sets' means (the paper's Avg.) and its interval from each set's own draws:
-    about the population of questions, or, given every set's size in `populations`, about the sets' own scores (each
-    set narrowed as a subset of its set; a whole set adds no spread)."""
+    """The unweighted average of the sets' means (the paper's Avg.) and its interval from each set's own draws. The
+    interval is about the population of questions. Given every set's size in `populations`, it is about the sets' own
+    scores instead (each set narrowed as a subset of its set; a whole set adds no spread)."""
     if not draws_by_set:
         raise ValueError("every set needs at least one question")
     sizes = populations or {}

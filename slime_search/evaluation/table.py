@@ -224,9 +224,9 @@ def _by_question(rows: list[dict]) -> tuple[dict[tuple[str, str], dict], int]:
 
 
 def compare_runs(a_rows: list[dict], b_rows: list[dict], seed: int = 0, metric: str = "em") -> dict:
-    """Run A minus run B on the questions both graded (paired by set and question id), per set and on the average
-    over sets, each with its paired 95% interval about the population of questions and a verdict, and ("set") the
-    interval about the difference on this set itself; every question left unpaired is counted, by why."""
+    """Run A minus run B on the questions both graded (paired by set and question id), per set and on the average over
+    sets. Each comes with its paired 95% interval about the population of questions and a verdict. "set" is the interval
+    about the difference on this set itself; every question left unpaired is counted, by why."""
     a_keyed, a_repeated = _by_question(a_rows)
     b_keyed, b_repeated = _by_question(b_rows)
     shared = [question for question in a_keyed if question in b_keyed]

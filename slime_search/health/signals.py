@@ -1,4 +1,4 @@
-"""Health signals of a batch the trainer is about to train on, from what the step already holds: the engine's
+"""Health signals of a batch the trainer is about to train on, from what the step already holds. It holds the engine's
 log-probs of every generated token, the trainer's (old) log-probs of the same tokens, and the weight version that
 generated each token.
 
@@ -8,15 +8,14 @@ generated each token.
     IS weight   = exp(old - rollout): the truncated importance weight before its cap; the share beyond the cap is
                   the part of the batch TIS can no longer correct
 
-Both by version lag (the trainer's version minus the token's): 0, 1 and 2 or more. Tokens whose version the engine
-did not name count in the totals only. A pure function of the batch. The guard's engine rules read the tokens the
-trainer's own weights sampled (health.rules.bounds): every bucket in synchronous mode, lag 0 in asynchronous modes,
-where a gap at lag 1 or more is the policy having moved since, and the engines are probed instead
-(run.engine_check).
+Both by version lag (the trainer's version minus the token's): 0, 1 and 2 or more. Tokens whose version the engine did
+not name count in the totals only. A pure function of the batch. The guard's engine rules read the tokens the trainer's
+own weights sampled (health.rules.bounds): every bucket in synchronous mode, lag 0 in asynchronous modes. There a gap at
+lag 1 or more is the policy having moved since, and the engines are probed instead (run.engine_check).
 
 Under --use-mis, the statistics of the weights the loss applies (share masked, mean, extremes, ESS, mismatch KL) come
-from the same two log-probs, so they are computed here over each optimizer step's whole batch: a statistic of a batch
-is not the sum of its micro-batches' (a mean over kept tokens, a maximum, an effective sample size).
+from the same two log-probs. So they are computed here over each optimizer step's whole batch. A statistic of a batch is
+not the sum of its micro-batches': a mean over kept tokens, a maximum, an effective sample size.
 """
 
 from __future__ import annotations
@@ -80,11 +79,11 @@ EXTREMES = {"weight_min": min, "weight_max": max}  # across a rollout's optimize
 
 
 def importance_signals(steps: list[list[TrainSample]], mis: ISConfig, trainer_version: int) -> dict[str, float]:
-    """train/mis_*: the statistics of the MIS weights of each optimizer step's global batch (`steps`: the rollout's
-    parts, one per optimizer step, every sample with old and rollout log-probs), as the loss applies them: the batch
+    """train/mis_*: the statistics of the MIS weights of each optimizer step's global batch, as the loss applies them.
+    `steps` are the rollout's parts, one per optimizer step, every sample with old and rollout log-probs. The batch
     normaliser of a step is its whole batch's, as the ranks all-reduce it. Over the steps: the mean, and the least and
-    largest weight. train/mis_masked_share_LAG: the share of the rollout's loss tokens of each version lag that MIS
-    took out of the loss."""
+    largest weight. train/mis_masked_share_LAG: the share of the rollout's loss tokens of each version lag that MIS took
+    out of the loss."""
     import torch
 
     from slime_search.algo import compute_is_weights

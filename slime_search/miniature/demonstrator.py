@@ -1,11 +1,11 @@
 """A scripted, deliberately imperfect demonstrator of the synthetic task, served behind SGLang's /generate API.
 
-It writes Search-R1 turns in the tag format (or, with --tool-format qwen3, searches as Qwen3's tool calls and reads
-the tool responses): on a question it searches with probability `search_prob` (then reads
-the answer, or the founder for a two-hop question, out of the retrieved passages and answers, or searches again),
-and otherwise guesses an answer of the right kind without searching. Supervised fine-tuning on its trajectories,
-collected through the ordinary generate loop and the real retriever, teaches a policy the format and how to use
-search results, but not that searching pays: that is left for reinforcement learning.
+It writes Search-R1 turns in the tag format, or with --tool-format qwen3 searches as Qwen3's tool calls and reads the
+tool responses. On a question it searches with probability `search_prob`. Then it reads the answer (or the founder, for
+a two-hop question) out of the retrieved passages and answers, or searches again. Otherwise it guesses an answer of the
+right kind without searching. Supervised fine-tuning on its trajectories, collected through the ordinary generate loop
+and the real retriever, teaches a policy the format and how to use search results, but not that searching pays: that is
+left for reinforcement learning.
 
     python -m slime_search.miniature.demonstrator --tokenizer POLICY_DIR --search-prob 0.3 --port 0
 """
@@ -74,9 +74,9 @@ def next_turn(
 ) -> str:
     """The demonstrator's next turn, given the observations so far in this trajectory.
 
-    Turns are bare actions (no <think> block): every copy the policy must learn, from the question into the query
-    or from a passage into the answer, then sits a short, fixed distance back, which a policy trained from scratch
-    on two CPU cores picks up within minutes.
+    Turns are bare actions, with no <think> block. Every copy the policy must learn, from the question into the query or
+    from a passage into the answer, then sits a short, fixed distance back. A policy trained from scratch on two CPU
+    cores picks that up within minutes.
     """
     entity, kind, hops = parse_question(question)
     if not observations:

@@ -9,18 +9,18 @@ learns them on short documents (~60-100 tokens) in the trajectory format, writte
     <search> Where was A B born? </search>\\n\\n<information>Doc 1(Title: "A B") A B was born in C.</information>
     \\n\\n<answer> C </answer>
 
-A quarter of each batch puts the same trajectories under Search-R1's whole instruction prompt, so that the
-instruction is familiar context by the time SFT starts. Half of the documents read a counterfactual passage, the
-birthplace replaced by any word of the task's names (`counterfactual_passages`): with 16 cities, guessing one costs
-only 2.8 nats an answer, and on some machines' kernels the policy settled there (loss ~0.16, birthplaces never read);
-with ~100 candidates the only way down is to copy the word after "born in", which the real cities then reuse. The loss covers the written tokens except the first one,
-the decision to search or answer, so pre-training teaches how to search and read, never whether to: that prior
-comes from the demonstrations (SFT) and is corrected by RL.
-RoPE offsets are relative, so the copy heads learnt here work unchanged inside the full prompt.
+A quarter of each batch puts the same trajectories under Search-R1's whole instruction prompt, so that the instruction
+is familiar context by the time SFT starts. Half of the documents read a counterfactual passage, the birthplace replaced
+by any word of the task's names (`counterfactual_passages`). With 16 cities, guessing one costs only 2.8 nats an answer.
+On some machines' kernels the policy settled there (loss ~0.16, birthplaces never read); with ~100 candidates the only
+way down is to copy the word after "born in", which the real cities then reuse. The loss covers the written tokens
+except the first one, the decision to search or answer, so pre-training teaches how to search and read, never whether
+to: that prior comes from the demonstrations (SFT) and is corrected by RL. RoPE offsets are relative, so the copy heads
+learnt here work unchanged inside the full prompt.
 
-With `tool_format="qwen3"` the documents are written in the layout the native loop produces (searches as Qwen3
-tool calls, passages inside the template's tool responses, thinking off), and the whole-prompt quarter declares the
-search tool in the system turn as the run's prompts do: the copy heads are learnt at the distances RL will use.
+With `tool_format="qwen3"` the documents are written in the layout the native loop produces: searches as Qwen3 tool
+calls, passages inside the template's tool responses, thinking off. The whole-prompt quarter declares the search tool in
+the system turn, as the run's prompts do. So the copy heads are learnt at the distances RL will use.
 """
 
 from __future__ import annotations
@@ -212,8 +212,8 @@ def padded(batch: list[Document]):
 
 def batch_loss(model, groups: list[list[Document]]):
     """The mean next-token loss over every loss token of the groups together, each group padded to its own longest
-    document: the documents under the whole instruction prompt are about three times the others' length, and one
-    padded batch spent most of its positions on padding."""
+    document. The documents under the whole instruction prompt are about three times the others' length. One padded
+    batch spent most of its positions on padding."""
     import torch
 
     total, count = 0.0, 0

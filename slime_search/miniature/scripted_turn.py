@@ -33,9 +33,9 @@ def prompt_ids(tokenizer, body: dict) -> list[int]:
 
 
 def turn_response(tokenizer, text: str, body: dict, weight_version: str, log_prob) -> dict:
-    """SGLang's /generate answer for a scripted turn: `text` encoded and cut where SGLang would stop decoding it, in
-    SGLang's order per token (`Req.check_finished`): the length limit, then an end-of-turn token, then a stop
-    string completed by the token, which is kept whole (`no_stop_trim`), trailing characters included."""
+    """SGLang's /generate answer for a scripted turn: `text` encoded and cut where SGLang would stop decoding it. The
+    checks run in SGLang's order per token (`Req.check_finished`): the length limit, then an end-of-turn token, then a
+    stop string completed by the token. That token is kept whole (`no_stop_trim`), trailing characters included."""
     ids = tokenizer.encode(text, add_special_tokens=False)
     params = body.get("sampling_params", {})
     limit = params.get("max_new_tokens", len(ids))

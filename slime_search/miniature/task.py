@@ -65,9 +65,9 @@ def invented_words(rng: random.Random, count: int, syllables: tuple[int, int]) -
 def make_world(seed: int, people: int, companies: int, name_words: int = 40) -> tuple[list[Person], list[Company]]:
     """People named `first last` and companies named `first kind`, each part from a closed set of words.
 
-    Names are combinations of a few dozen words, so every word is seen in training while every held-out entity is
-    a combination never trained on: reading a name off a question or a passage is then a skill a small policy can
-    learn in minutes, where a fresh word per entity would have to be copied by an induction circuit it never forms.
+    Names are combinations of a few dozen words. So every word is seen in training, while every held-out entity is a
+    combination never trained on. Reading a name off a question or a passage is then a skill a small policy can learn in
+    minutes. A fresh word per entity would have to be copied by an induction circuit it never forms.
     """
     rng = random.Random(seed)
     words = invented_words(rng, 2 * name_words, (2, 2))

@@ -1,15 +1,14 @@
 """torch_dist checkpoints (Megatron's distributed checkpoint format) of the model: save, load, resharding.
 
-A checkpoint directory holds `iter_XXXXXXX/` folders and `latest_checkpointed_iteration.txt`, as Megatron and
-slime lay them out. torch_dist stores each tensor with its global shape, so a checkpoint saved at one
-tensor-parallel size loads at another. A save writes everything into `iter_XXXXXXX.partial/` (the model first, into
-an empty folder, as Megatron's saver expects), renames it into place, and writes the tracker file last: a crash
-mid-save leaves at most a partial folder, which the next save replaces and no load ever reads; a save that fails on any
-rank (a --save disk that is full: ENOSPC, EDQUOT) fails on every rank, after the partial folder is removed, with the
-earlier checkpoints and the tracker as they were (`_write_all`: no rank is left waiting in a collective the others
-never reach). Beside the model, an
-actor's checkpoint holds the optimizer state once per tensor-parallel slice (`optimizer_tpNN.pt`) and each rank's
-RNG state (`rng_rankNNNNN.pt`); the size of one is `checkpoint_size.checkpoint_bytes`.
+A checkpoint directory holds `iter_XXXXXXX/` folders and `latest_checkpointed_iteration.txt`, as Megatron and slime lay
+them out. torch_dist stores each tensor with its global shape, so a checkpoint saved at one tensor-parallel size loads
+at another. A save writes everything into `iter_XXXXXXX.partial/`, the model first, into an empty folder, as Megatron's
+saver expects. It renames the folder into place and writes the tracker file last. So a crash mid-save leaves at most a
+partial folder, which the next save replaces and no load ever reads; a save that fails on any rank (a --save disk that
+is full: ENOSPC, EDQUOT) fails on every rank. It fails after the partial folder is removed, with the earlier checkpoints
+and the tracker as they were. No rank is left waiting in a collective the others never reach (`_write_all`). Beside the
+model, an actor's checkpoint holds the optimizer state once per tensor-parallel slice (`optimizer_tpNN.pt`) and each
+rank's RNG state (`rng_rankNNNNN.pt`); the size of one is `checkpoint_size.checkpoint_bytes`.
 """
 
 from __future__ import annotations
@@ -194,11 +193,11 @@ def _agreed_outcome(mine: int) -> int:
 
 
 def _write_results_in_process() -> None:
-    """Megatron's torch_dist writer hands its write results over a queue made on a process's first save for saves
-    that finish in another process: a multiprocessing Manager, started with "spawn" (a new Python that imports the
-    caller's main module again: about 2 CPU-seconds and a process per rank). `dist_checkpointing.save` is synchronous:
-    the results are put and read in this process, so an in-process queue carries them. Left alone where Megatron
-    made its queue already or no longer has one."""
+    """Megatron's torch_dist writer hands its write results over a queue, made on a process's first save, for saves that
+    finish in another process. The queue is a multiprocessing Manager started with "spawn": a new Python that imports
+    the caller's main module again. That costs about 2 CPU-seconds and a process per rank. `dist_checkpointing.save` is
+    synchronous: the results are put and read in this process, so an in-process queue carries them. Left alone where
+    Megatron made its queue already or no longer has one."""
     import queue
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async

@@ -1,10 +1,10 @@
 """The bytes of one actor checkpoint (`checkpoint.save_actor`), from the model's parameters and parallel layout.
 
-A checkpoint holds the model once, each global tensor in the parameters' dtype (torch_dist keeps one replica), and
-the optimizer state once per tensor-parallel slice: Adam's two fp32 moments of every parameter the slice holds and,
-when the parameters are bf16 or fp16, Megatron's fp32 main weights of them. A slice holds its share of the sharded
-tensors and all of the replicated ones (the RMSNorm weights), so the slices add up to a little more than the model.
-The RNG states, the rollout state and torch_dist's metadata are a few kilobytes.
+A checkpoint holds the model once, each global tensor in the parameters' dtype (torch_dist keeps one replica). It holds
+the optimizer state once per tensor-parallel slice. That is Adam's two fp32 moments of every parameter the slice holds,
+and, when the parameters are bf16 or fp16, Megatron's fp32 main weights of them. A slice holds its share of the sharded
+tensors and all of the replicated ones (the RMSNorm weights), so the slices add up to a little more than the model. The
+RNG states, the rollout state and torch_dist's metadata are a few kilobytes.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def checkpoint_bytes(layout: CheckpointLayout) -> int:
 
 
 def rank_parameters(model) -> tuple[int, int]:
-    """Counts of what this rank trains, which is what a checkpoint holds (every parameter, or under LoRA the
-    adapters): (held, own), the first what its optimizer state covers, the second its share of the global model (a
-    tensor replicated over the TP ranks counts on TP rank 0 only)."""
+    """Counts of what this rank trains, which is what a checkpoint holds: every parameter, or under LoRA the adapters.
+    The pair is (held, own). The first is what its optimizer state covers. The second is its share of the global model:
+    a tensor replicated over the TP ranks counts on TP rank 0 only."""
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
     trained = [p for p in model.parameters() if p.requires_grad]

@@ -1,19 +1,19 @@
 """Low-rank adapters (LoRA) on the Megatron actor's projections, with the base weights frozen.
 
-The design is Megatron-Bridge's LoRA (`megatron/bridge/peft/lora.py` and its `ParallelLinearAdapter`): each targeted
-linear is wrapped, and its adapter is built from Megatron's own parallel layers, so that it is split the way its layer
-is and its gradients are reduced by the same collectives:
+The design is Megatron-Bridge's LoRA (`megatron/bridge/peft/lora.py` and its `ParallelLinearAdapter`). Each targeted
+linear is wrapped. Its adapter is built from Megatron's own parallel layers, so it is split the way its layer is and its
+gradients are reduced by the same collectives:
 
 - a column-parallel base (`linear_qkv`, `linear_fc1`): A = ColumnParallelLinear(in -> r, output gathered), B =
   ColumnParallelLinear(r -> out, output split like the base's rows);
 - a row-parallel base (`linear_proj`, `linear_fc2`): A = RowParallelLinear(in -> r, input split like the base's),
   B = ColumnParallelLinear(r -> out, output gathered).
 
-The adapter layers themselves run without sequence parallelism: under it, a column-parallel base's sequence-sharded
-input is gathered for the adapter (its gradient split back, as A's input already sums it over the ranks), and a
-row-parallel base's adapter output is scattered to the sequence shard its base returns. Fused projections keep one A
-and one B: on `linear_qkv` it is PEFT's q/k/v adapters sharing one A (B's rows in Megatron's group-interleaved order),
-on `linear_fc1` gate/up sharing one A.
+The adapter layers themselves run without sequence parallelism. Under it, a column-parallel base's sequence-sharded
+input is gathered for the adapter; its gradient is split back, as A's input already sums it over the ranks. A
+row-parallel base's adapter output is scattered to the sequence shard its base returns. Fused projections keep one A and
+one B: on `linear_qkv` it is PEFT's q/k/v adapters sharing one A (B's rows in Megatron's group-interleaved order), on
+`linear_fc1` gate/up sharing one A.
 
     y = base(x) + (alpha / r) * B(A(dropout(x)))
 """

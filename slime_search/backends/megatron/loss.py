@@ -1,7 +1,7 @@
 """The training loss of one packed micro-batch, from the model's logits: wiring of the pure algo functions.
 
-Response token t of a sample is predicted by the logits one position earlier, so a sample ending at packed
-position e with r response tokens reads logits[e - r - 1 : e - 1] against tokens[e - r : e].
+Response token t of a sample is predicted by the logits one position earlier. So a sample ending at packed position e
+with r response tokens reads logits[e - r - 1 : e - 1] against tokens[e - r : e].
 """
 
 from __future__ import annotations

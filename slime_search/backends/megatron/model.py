@@ -59,9 +59,9 @@ def te_available() -> bool:
 
 
 def fused_softmax_kernels_available() -> bool:
-    """Whether the local attention's fused masked softmax can run: Megatron imports its CUDA kernels (built by Apex,
-    not by Megatron-core or TransformerEngine) whenever the fusion is on and the shapes allow it (bf16, keys up to
-    4096), and without them the forward fails with ImportError. TransformerEngine's attention fuses its own."""
+    """Whether the local attention's fused masked softmax can run. Megatron imports its CUDA kernels whenever the fusion
+    is on and the shapes allow it (bf16, keys up to 4096). Apex builds them, not Megatron-core or TransformerEngine.
+    Without them the forward fails with ImportError. TransformerEngine's attention fuses its own."""
     import importlib.util
 
     return importlib.util.find_spec("scaled_masked_softmax_cuda") is not None
@@ -134,10 +134,10 @@ def build_gpt_model(shape: ModelShape, options: ModelOptions):
 
 
 def local_block_spec(config, qk_norm: bool, packed_attention: bool):
-    """Megatron's local spec for every layer, with the RMSNorm of norms.py wherever the spec puts WrappedTorchNorm
-    (which refuses sequence parallelism): the layers' two norms, the q/k norms and the final norm after the last
-    layer (which Megatron would otherwise take from whatever it imported: TENorm, Apex's or WrappedTorchNorm);
-    PackedAttention as the core attention when `packed_attention`."""
+    """Megatron's local spec for every layer, with the RMSNorm of norms.py wherever the spec puts WrappedTorchNorm,
+    which refuses sequence parallelism. That covers the layers' two norms, the q/k norms and the final norm after the
+    last layer. Megatron would otherwise take the final norm from whatever it imported: TENorm, Apex's or
+    WrappedTorchNorm; PackedAttention as the core attention when `packed_attention`."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build

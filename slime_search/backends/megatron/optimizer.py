@@ -168,8 +168,8 @@ class GpuOptimizer:
         return learning_rate(self.iteration, self.config) * self.lr_scale
 
     def step(self, skip_above: float | None = None) -> tuple[bool, float]:
-        """Megatron's optimizer step taken apart (as its own `step` is) so that the gradient norm is known before the
-        update: with bf16 and no loss scaler Megatron checks no NaN and would apply one, and a spike must be refused
+        """Megatron's optimizer step taken apart, as its own `step` is, so that the gradient norm is known before the
+        update. With bf16 and no loss scaler Megatron checks no NaN and would apply one. And a spike must be refused
         before it is applied."""
         if self.optimizer.prepare_grads():  # fp16 loss scaling found an inf
             return False, math.inf

@@ -35,8 +35,8 @@ ENGINE_RULES = ("logprob_gap", "is_weight_tail")  # compare the trainer with the
 
 def current_value(metrics: dict[str, Any], signal: str, synchronous: bool) -> tuple[str, float] | None:
     """(key, value) of the worst of `signal` (health.signals: the whole batch's, and by version lag) over the tokens
-    sampled by the weights the trainer holds: every bucket in synchronous mode, whose tokens all are (also those whose
-    version the engine did not name), lag 0 in asynchronous modes; None without one."""
+    sampled by the weights the trainer holds. In synchronous mode that is every bucket, since all its tokens are, also
+    those whose version the engine did not name. In asynchronous modes it is lag 0; None without one."""
     keys = [k for k in metrics if k == signal or k.startswith(f"{signal}_")] if synchronous else [f"{signal}_lag0"]
     values = [(k, v) for k in keys if (v := num(metrics, k)) is not None]
     return max(values, key=lambda kv: kv[1], default=None)
@@ -106,8 +106,8 @@ def no_reward_signal(metrics: dict[str, Any], history: list[dict[str, Any]]) -> 
 
 
 def policy_jump(step: int, metrics: dict[str, Any], c: HealthConfig) -> list[Event]:
-    """One update that moved the policy this far on what it trained on broke it (at lr 1e-2 the miniature's first
-    step moved it 4.6 nats a token and it never answered again): no need to wait for the reward to show it."""
+    """One update that moved the policy this far on what it trained on broke it. At lr 1e-2 the miniature's first step
+    moved it 4.6 nats a token, and it never answered again. There is no need to wait for the reward to show it."""
     kl = num(metrics, "train/kl_old_new")
     if kl is None or kl <= c.max_update_kl:
         return []

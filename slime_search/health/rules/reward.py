@@ -36,10 +36,10 @@ NOISE_DOUBT = 3.0  # the noise estimate from n second differences, raised by NOI
 
 
 def step_noise(values: list[float]) -> float:
-    """An upper bound of the per-step standard deviation of `values` (a reward per step); 0.0 before there are 5
-    second differences. The estimate from n of them is uncertain (they are correlated: at n = 15 one run in 20 reads
-    it below 0.55 of the truth), so it is taken NOISE_DOUBT / sqrt(n) of itself higher: a run's first steps, with
-    the reward still low, are where an underestimate would read noise as a drop."""
+    """An upper bound of the per-step standard deviation of `values` (a reward per step); 0.0 before there are 5 second
+    differences. The estimate from n of them is uncertain, since they are correlated: at n = 15 one run in 20 reads it
+    below 0.55 of the truth. So it is taken NOISE_DOUBT / sqrt(n) of itself higher. A run's first steps, with the reward
+    still low, are where an underestimate would read noise as a drop."""
     second = [abs(values[i] - 2 * values[i - 1] + values[i - 2]) for i in range(2, len(values))]
     if len(second) < 5:
         return 0.0
@@ -86,8 +86,8 @@ class RewardRule:
 
     def chance(self, values: list[float], windows: int, z: float) -> float:
         """How far the current window mean may lie below the best of `windows` of them by chance alone, in standard
-        errors of one mean (from the per-step noise of `values`): the best of M independent windows is high by about
-        sqrt(2 ln M) of them (windows overlap: M = windows / width), the current one low by `z` more."""
+        errors of one mean (from the per-step noise of `values`). The best of M independent windows is high by about
+        sqrt(2 ln M) of them; windows overlap, so M = windows / width. The current one may be low by `z` more."""
         independent = max(1.0, windows / self.width)
         return step_noise(values) / math.sqrt(self.width) * (math.sqrt(2 * math.log(independent)) + z)
 

@@ -6,9 +6,9 @@ to `max_retries` attempts in all, after which the last error is raised. No timeo
 
 Clients here are aiohttp sessions (the project's HTTP client library), one per event loop: this project runs each
 rollout in an event loop of its own, and a connection pool cannot outlive its loop. `init_http_client(args)` sets the
-connection limit slime gives its client (--sglang-server-concurrency x engines) and, when the engines serve the policy
-as a LoRA adapter (--lora-sync-from-tensor: `args.lora_path`), the adapter that `post` names in every /generate that
-names none (slime's plugins build their payloads themselves); `close_http_client()` (this layer's own) closes the
+connection limit slime gives its client (--sglang-server-concurrency x engines). When the engines serve the policy as a
+LoRA adapter (--lora-sync-from-tensor: `args.lora_path`), it also sets the adapter that `post` names in every /generate
+that names none. Slime's plugins build their payloads themselves; `close_http_client()` (this layer's own) closes the
 running loop's session at the end of a rollout. slime's Ray-distributed POST (--use-distributed-post) is not provided.
 """
 

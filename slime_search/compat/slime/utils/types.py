@@ -1,10 +1,10 @@
 """slime.utils.types.Sample: slime's sample, with its fields, defaults, statuses and `append_response_tokens`.
 
-The semantics are slime's (THUDM/slime at 624b824): the response-side lists (`loss_mask`, `rollout_log_probs`, the
-top-p replay spans) stay aligned with `response_length`, model tokens need log-probs, tool tokens get mask 0 and
-log-prob 0.0, and SGLang's `meta_info` sets the status from its finish reason. `Sample.Status` is this project's
-status enum (its members and values are slime's), so a status needs no mapping. Routed-experts replay (MoE) is
-refused: this project trains dense models.
+The semantics are slime's (THUDM/slime at 624b824). The response-side lists (`loss_mask`, `rollout_log_probs`, the top-p
+replay spans) stay aligned with `response_length`. Model tokens need log-probs. Tool tokens get mask 0 and log-prob 0.0.
+SGLang's `meta_info` sets the status from its finish reason. `Sample.Status` is this project's status enum (its members
+and values are slime's), so a status needs no mapping. Routed-experts replay (MoE) is refused: this project trains dense
+models.
 """
 
 from __future__ import annotations
