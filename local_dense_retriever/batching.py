@@ -122,9 +122,10 @@ def take_fair_slices(waiting: deque[PendingRequest], budget: int, short_budget: 
     A request of 5,000 queries is searched slice by slice, so it cannot hold the worker while small requests queue
     behind it; what it has left waits at the back of the line. Small requests (those a share answers whole) go whole
     into the batch. While small requests keep coming (`short_budget` given), the large ones share what is left of
-    `short_budget`, or as many queries as the small ones take if that is more (at least a query each): batches stay
-    short, so the next small request waits for little, while the large ones still advance every batch. Otherwise
-    they share what is left of `budget` (one request alone: all of it). Requests whose caller has gone are dropped. `waiting` is updated in place.
+    `short_budget`. If the small ones take more, the large ones share as many queries as the small ones take (at least a
+    query each). So batches stay short, and the next small request waits for little, while the large ones still advance
+    every batch. Otherwise they share what is left of `budget` (one request alone: all of it). Requests whose caller has
+    gone are dropped. `waiting` is updated in place.
     """
     live = [request for request in waiting if not request.future.done()]  # cancelled, or failed in an earlier slice
     share = max(1, budget // max(1, len(live)))

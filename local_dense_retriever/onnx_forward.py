@@ -1,9 +1,10 @@
 """The encoder's forward pass in ONNX Runtime, for serving queries on CPU.
 
-On two cores ONNX Runtime ran MiniLM's forward pass 1.3x as fast as torch eager in batches of 64 queries and twice
-as fast for one query (docs/benchmarks/retrieval.md, "The query encoder in ONNX Runtime"). The graph is exported from the same Hugging Face weights at start, in memory (no
-file to cache or go stale), and checked against torch on probe texts, padded into one batch, before it serves: a family whose export
-differs is served by torch instead, with the difference named.
+On two cores ONNX Runtime ran MiniLM's forward pass 1.3x as fast as torch eager in batches of 64 queries and twice as
+fast for one query (docs/benchmarks/retrieval.md, "The query encoder in ONNX Runtime"). The graph is exported from the
+same Hugging Face weights at start, in memory, so there is no file to cache or go stale. Before it serves, it is checked
+against torch on probe texts, padded into one batch. A family whose export differs is served by torch instead, with the
+difference named.
 """
 
 from __future__ import annotations

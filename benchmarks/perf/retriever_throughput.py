@@ -10,13 +10,13 @@ or targets a running one with --url. Scenarios: 1 client, N concurrent single-qu
 and a robustness run of many requests at high concurrency with malformed ones mixed in. Prints queries/s,
 p50/p99 latency and errors per scenario, and how many top-k lists equal an exact in-process search.
 
-With --search-r1-server (the file from a Search-R1 checkout), both servers are up at once on the same index and
-corpus, and each round drives one, then the other (the order alternates), with the same 1-client and N-client
-scenarios and the same queries. Their server runs as its __main__ sets it up (the model and batches moved to
-CUDA, which on a machine without one is left on CPU), on the same kind of 127.0.0.1 socket as ours and with its
-request log at warning level like ours. Prints each round's figures per server, the ratios, and whether the
-top-1 of each query under N-client load is the same on both (a different one counts as a floating-point near-tie
-when the exact in-process search scores the two within NEAR_TIE of each other).
+With --search-r1-server (the file from a Search-R1 checkout), both servers are up at once on the same index and corpus.
+Each round drives one, then the other, and the order alternates. Both get the same 1-client and N-client scenarios and
+the same queries. Their server runs as its __main__ sets it up: the model and batches moved to CUDA, which on a machine
+without one is left on CPU. It runs on the same kind of 127.0.0.1 socket as ours, with its request log at warning level
+like ours. Prints each round's figures per server, the ratios, and whether the top-1 of each query under N-client load
+is the same on both. A different one counts as a floating-point near-tie when the exact in-process search scores the two
+within NEAR_TIE of each other.
 
 Its figures: `docs/benchmarks/retrieval.md`.
 """

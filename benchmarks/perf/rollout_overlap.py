@@ -3,9 +3,10 @@
     python -m benchmarks.perf.rollout_overlap --engines 1 --actor-gpus 7 --prompts 64 --samples 5 --steps 8
 
 The real driver loop (slime_search.run.loop.run_steps), RolloutManager (a Ray actor) and Search-R1 generate plugin run
-against a real retriever (BM25 over ../shared/data/corpus/wiki18_subset.jsonl) and emulated SGLang engines, one per
-H100 (benchmarks.harness.stand_in_engines.emulated: real Search-R1 3B turns from ../shared/data/trajectories, paced by a
-continuous-batching model of Qwen2.5-3B on an H100). Two stand-ins replace what needs GPUs, each named here:
+against a real retriever: BM25 over ../shared/data/corpus/wiki18_subset.jsonl. The engines are emulated SGLang engines,
+one per H100 (benchmarks.harness.stand_in_engines.emulated). They answer real Search-R1 3B turns from
+../shared/data/trajectories, paced by a continuous-batching model of Qwen2.5-3B on an H100. Two stand-ins replace what
+needs GPUs, each named here:
 * the actor: a step takes the documented Megatron time of a 3B GRPO step, 48 s policy update + 39 s forward for
   2,560 samples on 8 H100 (SkyRL docs/content/docs/examples/megatron.mdx, Qwen2.5-3B-Instruct SearchR1), scaled
   linearly in samples and inversely in GPUs (`ActorTiming`);

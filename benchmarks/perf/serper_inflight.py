@@ -4,15 +4,15 @@ queries of real Search-R1 trajectories grouped as GRPO samples them.
     python -m benchmarks.perf.serper_inflight                                   # 4 steps of 64 prompts x 5 samples
     python -m benchmarks.perf.serper_inflight --steps 1 --prompts-per-step 4    # the smoke test's size
 
-Each prompt's n samples replay its recorded trajectory (`../shared/data/trajectories` holds one, greedy, per
-question): a sample asks the recorded query of each turn with probability --agreement, and its own queries from the
-first turn it does not (1: the whole group agrees; recorded data cannot tell how often sampled groups do, so the
-figure is given for several values). Before each search a sample "generates" its turn: the turn's characters / 4
-tokens at --ms-per-token, scaled per sample by a uniform jitter of +-`--jitter`, so a group's samples drift apart
-turn by turn. Searches go through the real SerperClient (one per step, as a rollout has one) to the Serper stand-in
-of the tests, answering --latency-ms late. Each step runs twice, with identical queries in flight shared and not;
-both bill a query only once it is in the client's memory cache. Prints one JSON line per step and one for the run,
-with how often the recorded first query is the question itself.
+Each prompt's n samples replay its recorded trajectory; `../shared/data/trajectories` holds one, greedy, per question. A
+sample asks the recorded query of each turn with probability --agreement. From the first turn it does not, it asks
+queries of its own (1: the whole group agrees; recorded data cannot tell how often sampled groups do, so the figure is
+given for several values). Before each search a sample "generates" its turn: the turn's characters / 4 tokens at
+--ms-per-token, scaled per sample by a uniform jitter of +-`--jitter`, so a group's samples drift apart turn by turn.
+Searches go through the real SerperClient (one per step, as a rollout has one) to the Serper stand-in of the tests,
+answering --latency-ms late. Each step runs twice, with identical queries in flight shared and not; both bill a query
+only once it is in the client's memory cache. Prints one JSON line per step and one for the run, with how often the
+recorded first query is the question itself.
 
 Its figures: `docs/benchmarks/serper_cache.md`.
 """

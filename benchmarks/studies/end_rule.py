@@ -4,11 +4,11 @@
 
 Each simulated run is K held-out evaluations of the same n questions plus a pool of m questions they leave out
 (`--eval-sample` evaluates a subset of a larger set; `--health-end-confirm` grades the rest). Every question has a
-latent difficulty u; a version gets it right when u < its accuracy, so each evaluation's share right has the version's
-accuracy exactly, and `--resample` (the share of u drawn anew from one version to the next) sets how alike nearby
-versions grade the same question. A flat run keeps its accuracy; a falling run loses --falls at one of its last three
-evaluations (the held-out rule, waiting --health-eval-patience 4 evaluations, one step apart here, never rolls those
-back: the end-of-run rule is the guard's only answer to them).
+latent difficulty u; a version gets it right when u < its accuracy. So each evaluation's share right has the version's
+accuracy exactly. `--resample`, the share of u drawn anew from one version to the next, sets how alike nearby versions
+grade the same question. A flat run keeps its accuracy; a falling run loses --falls at one of its last three evaluations
+(the held-out rule, waiting --health-eval-patience 4 evaluations, one step apart here, never rolls those back: the
+end-of-run rule is the guard's only answer to them).
 
 The real HealthGuard sees every evaluation with its grades (every version has a checkpoint; the last is the final
 version's, as the end rule requires), then decides as the run's end does (run.recovery.Recovery.end): end_on_best

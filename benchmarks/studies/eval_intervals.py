@@ -2,12 +2,12 @@
 
     python -m benchmarks.studies.eval_intervals GRADES.jsonl [--sizes 64 128 256 400] [--draws 1000]
 
-GRADES.jsonl is one graded row per question (`python -m slime_search.eval ... --output X.json` writes
-X.grades.jsonl; `--grade` makes one from trajectories). Each set's full EM is the truth; for each size, `--draws`
-fixed-seed subsets of each set (as --eval-sample draws them, without replacement) get their bootstrap interval
-about the whole set's EM (the table's "about this set's EM" row: narrowed by the finite-population factor), and the
-share that holds the full set's EM is the coverage. The average over sets is checked the same way. Prints a Markdown
-table (docs/benchmarks/eval.md).
+GRADES.jsonl is one graded row per question (`python -m slime_search.eval ... --output X.json` writes X.grades.jsonl;
+`--grade` makes one from trajectories). Each set's full EM is the truth; for each size, `--draws` fixed-seed subsets of
+each set (as --eval-sample draws them, without replacement) get their bootstrap interval about the whole set's EM. That
+is the table's "about this set's EM" row, narrowed by the finite-population factor. The share of intervals that holds
+the full set's EM is the coverage. The average over sets is checked the same way. Prints a Markdown table
+(docs/benchmarks/eval.md).
 """
 
 from __future__ import annotations

@@ -13,17 +13,17 @@ Shapes (one set of guard defaults must serve both):
                steps; reward and EM 0.06 -> 0.95 within ~20 steps, reward sd 0.08 per step (8 prompts x 8 samples);
                EM evaluated every 2 steps on 64 questions
 
-Scenarios: `healthy` (the curve alone: any rollback is a false one); `collapse` (from a random step of the plateau the
-held-out EM and the training reward fall, linearly, to --collapse-to times the level over --collapse-steps steps, and
-stay there: the recipe's 0.42 -> 0.25 over 100 steps, the miniature's 0.95 -> 0.5 over 6); `collapse, held-out only`
-(the training reward goes on as if healthy: what the held-out rule alone catches). Every question has a latent
-difficulty u and a version answers it when u is below its accuracy, so each evaluation grades at the version's
-accuracy (binomially over questions) and `--resample` (the share of u drawn anew from one evaluation to the next) sets
-how alike nearby versions grade; the guard gets the grades (the paired test of health.heldout).
+Scenarios: `healthy` (the curve alone: any rollback is a false one); `collapse`: from a random step of the plateau, the
+held-out EM and the training reward fall linearly to --collapse-to times the level over --collapse-steps steps. They
+stay there: the recipe's 0.42 -> 0.25 over 100 steps, the miniature's 0.95 -> 0.5 over 6; `collapse, held-out only` (the
+training reward goes on as if healthy: what the held-out rule alone catches). Every question has a latent difficulty u,
+and a version answers it when u is below its accuracy. So each evaluation grades at the version's accuracy, binomially
+over questions. `--resample`, the share of u drawn anew from one evaluation to the next, sets how alike nearby versions
+grade; the guard gets the grades (the paired test of health.heldout).
 
-A run ends at its first rollback. Printed per shape and scenario: runs rolled back, for the collapses the share rolled
-back within 3 evaluations of the collapse's first step (counted from the first evaluation after it) and the median
-delay in evaluations, and the rules that acted. A markdown table (docs/benchmarks/health.md).
+A run ends at its first rollback. Printed per shape and scenario: the runs rolled back and the rules that acted. For the
+collapses it also prints the share rolled back within 3 evaluations of the collapse's first step (counted from the first
+evaluation after it), and the median delay in evaluations. A markdown table (docs/benchmarks/health.md).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ with the guard and without it (--extra-args "... --no-health-guard"), compared r
 G and U are async_modes --out folders (a seed's runs in DIR/seedS; for each seed the first folder that has it is read).
 A seed's synchronous mean is the mean final EM, on all its held-out questions, of the guarded folder's off runs: the
 yardstick of the issue's targets. Per seed and mode it counts the runs that end more than --margin below it, guarded and
-unguarded, and replays the guard over every unguarded run (benchmarks.studies.health_replay: the guard is a function of
-the records, so the replay shows the first rollback it would have made). Each unguarded run is then one of:
+unguarded. It replays the guard over every unguarded run (benchmarks.harness.guard_replay). The guard is a function of
+the records, so the replay shows the first rollback it would have made. Each unguarded run is then one of:
 
     false alarm  the guard would have rolled it back, and it ended within the margin unaided
     needed       the guard would have rolled it back, and it ended below the margin

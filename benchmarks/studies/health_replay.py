@@ -1,5 +1,6 @@
-"""What the health guard would have done on runs made without it: the guard replayed over each run's records, step by
-step, against the step at which the held-out metric first fell 0.2 (or another margin) below its best so far.
+"""What the health guard would have done on runs made without it. The guard is replayed over each run's records, step by
+step. Its first action is set against the step at which the held-out metric first fell 0.2 (or another margin) below its
+best so far.
 
     python -m benchmarks.studies.health_replay RUN [RUN ...] [--drop 0.2] [--flag value ...]
 

@@ -3,13 +3,12 @@
     python -m tools.gpu_check.checkpoint          # CUDA: the bf16 actor
     python -m tools.gpu_check.checkpoint --cpu    # CPU: the fp32 actor (bf16 trains on GPU only)
 
-A part of `tools.gpu_check.kit`. An HF checkpoint is converted by `tools/convert_hf_to_torch_dist.py` (fp32, TP 1, in
-a process of its own, as a user runs it) and loaded into the recipe's actor (`--load`, the recipe's flags for the
-tiny model). One step, `save_actor`, a second step; then a fresh actor (built anew, the converted weights loaded,
-as a run builds it) takes `load_actor` and the second step again. Recorded: whether the loaded
-weights and optimizer state equal the saved actor's byte for byte, whether the second steps agree bit for bit (loss,
-gradient norm, weights after), the seconds of conversion, save and load, and every file's size (the optimizer state
-is most of a checkpoint).
+A part of `tools.gpu_check.kit`. An HF checkpoint is converted by `tools/convert_hf_to_torch_dist.py` (fp32, TP 1, in a
+process of its own, as a user runs it) and loaded into the recipe's actor (`--load`, the recipe's flags for the tiny
+model). One step, `save_actor`, a second step; then a fresh actor (built anew, the converted weights loaded, as a run
+builds it) takes `load_actor` and the second step again. Recorded: whether the loaded weights and optimizer state equal
+the saved actor's byte for byte, and whether the second steps agree bit for bit (loss, gradient norm, weights after).
+Also the seconds of conversion, save and load, and every file's size; the optimizer state is most of a checkpoint.
 """
 
 from __future__ import annotations

@@ -4,13 +4,13 @@ and take it back, twice. One JSON line.
     python -m tools.gpu_check.handover            # CUDA: Qwen2.5-3B at TP 1 (random weights), bf16
     python -m tools.gpu_check.handover --cpu      # CPU: the tiny Qwen2, fp32 (host copies, no device figures)
 
-A part of `tools.gpu_check.kit`. The recipe with `COLOCATE=1` (`tools.gpu_check.shared`). One small step first, so
-that the optimizer holds its moments; then two rounds of `offload()` / `onload()`, actor then reference, as a
-colocated rank does around each rollout (the first round allocates and pins the host buffers, the second reuses
-them). Per round: seconds each way, bytes handed over, the host memory the process gained, `torch.cuda.mem_get_info()`
-before, while handed over and after (is the memory really free for an engine?), and whether the weights, the
-optimizer state and the reference are byte for byte what they were (`fingerprint`: a 50 GiB state has no room for a
-copy). Then one more step, which must be applied.
+A part of `tools.gpu_check.kit`. The recipe with `COLOCATE=1` (`tools.gpu_check.shared`). One small step first, so that
+the optimizer holds its moments; then two rounds of `offload()` / `onload()`, actor then reference, as a colocated rank
+does around each rollout (the first round allocates and pins the host buffers, the second reuses them). Per round:
+seconds each way, bytes handed over, and the host memory the process gained. `torch.cuda.mem_get_info()` before, while
+handed over and after: is the memory really free for an engine? And whether the weights, the optimizer state and the
+reference are byte for byte what they were (`fingerprint`, since a 50 GiB state has no room for a copy). Then one more
+step, which must be applied.
 """
 
 from __future__ import annotations

@@ -4,16 +4,17 @@ line per push and one summary.
     python -m tools.gpu_check.ipc                 # CUDA: the Qwen2.5-3B weights under HF names, 512 MiB buckets
     python -m tools.gpu_check.ipc --cpu           # CPU: the tiny Qwen2's, over shared memory
 
-A part of `tools.gpu_check.kit`, without SGLang: the consumer stands in for a colocated engine. The producer holds
-the weights (random, bf16 on CUDA, the HF layout transformers builds for the recipe's shape) and pushes them as the
-tensor transport does (`slime_search.weight_sync`): buckets of about `--update-weight-buffer-size` bytes
-(`megatron_bridge.iter_buckets`), each flattened into one tensor in SGLang's "flattened_bucket" layout, serialized
-with ForkingPickler (torch's reductions: a CUDA IPC handle, or shared memory on CPU), copied by the consumer into
-weights of its own, and dropped once the consumer answered, then `release_ipc_memory` (ipc_collect + empty_cache).
-Checked per bucket: the consumer read the producer's bytes (fingerprints), and on CUDA the producer's reserved memory
-is back to its baseline; per push: the device's used memory (both processes) is the same as after the first push.
-CPU mode runs the same code over torch's file_system shared memory; the device-memory checks are CUDA only.
-SGLang's own reductions key the device by UUID (engines with another CUDA_VISIBLE_DEVICES); that part is SGLang's.
+A part of `tools.gpu_check.kit`, without SGLang: the consumer stands in for a colocated engine. The producer holds the
+weights: random, bf16 on CUDA, in the HF layout transformers builds for the recipe's shape. It pushes them as the tensor
+transport does (`slime_search.weight_sync`), in buckets of about `--update-weight-buffer-size` bytes
+(`megatron_bridge.iter_buckets`). Each bucket is flattened into one tensor in SGLang's "flattened_bucket" layout. It is
+serialized with ForkingPickler, whose torch reductions give a CUDA IPC handle, or shared memory on CPU. The consumer
+copies it into weights of its own. The bucket is dropped once the consumer answered, then `release_ipc_memory` runs
+(ipc_collect + empty_cache). Checked per bucket: the consumer read the producer's bytes (fingerprints), and on CUDA the
+producer's reserved memory is back to its baseline; per push: the device's used memory (both processes) is the same as
+after the first push. CPU mode runs the same code over torch's file_system shared memory; the device-memory checks are
+CUDA only. SGLang's own reductions key the device by UUID (engines with another CUDA_VISIBLE_DEVICES); that part is
+SGLang's.
 """
 
 from __future__ import annotations

@@ -5,12 +5,12 @@
     python -m tools.gpu_check.recipe --env RECIPE=search-r1   # the script's other recipe
 
 A part of `tools.gpu_check.kit`. The flags are what `DRY_RUN=1 bash examples/search-r1/run_qwen2.5_3B.sh` prints
-(`tools.gpu_check.shared`): bf16, the attention `--attention-impl auto` resolves to here (packed without
-TransformerEngine), full uniform recompute of 1 layer, `--max-tokens-per-gpu 9216`, the optimizer run_config builds
-(not the distributed one), the KL reference beside the actor, the health probe after the update. At TP 1, without
-sequence parallelism. A step is what the driver does per optimizer step: the old policy's log-probs, the
-reference's, then the update; the first is a warm-up (Adam's moments are allocated in it). Records each phase's
-seconds, the device's peak memory and its total, so the margin shows whether TP 1 fits the card. Samples: 16 of
+(`benchmarks.harness.recipe`). They give bf16 and the attention `--attention-impl auto` resolves to here (packed without
+TransformerEngine). They give full uniform recompute of 1 layer and `--max-tokens-per-gpu 9216`. The optimizer is the
+one run_config builds (not the distributed one), with the KL reference beside the actor and the health probe after the
+update. At TP 1, without sequence parallelism. A step is what the driver does per optimizer step: the old policy's
+log-probs, the reference's, then the update; the first is a warm-up (Adam's moments are allocated in it). Records each
+phase's seconds, the device's peak memory and its total, so the margin shows whether TP 1 fits the card. Samples: 16 of
 1,024-2,048 tokens on CUDA (26,586 tokens: the figures of docs/benchmarks/megatron.md used the same), 4 of 32-64 on CPU.
 """
 

@@ -2,12 +2,12 @@
 BesideEval drives (`submit`, `collect`, `pending_versions`, `metrics`, `rolled_back`, `evaluator`).
 
 The real EvalEngine times its evaluations with the machine's clock and Ray's object refs, which a simulation cannot
-advance; this one follows its rules on the world's clock instead: one evaluation at a time, a version due while
-another runs waits (a newer one due meanwhile skips it), a waiting version starts when the driver next looks, each
-evaluation has the deadline of --eval-timeout from its start (the product's, sized from the questions it grades), one
-past it is dropped and the evaluator restarted (after MAX_FAILURES in a row evaluation beside training stops), a
-rollback drops what evaluates or waits to evaluate an undone version, and at the end every pending one is waited for.
-An evaluation grades the weights of its version as the actor wrote them.
+advance; this one follows its rules on the world's clock instead. One evaluation runs at a time. A version due while
+another runs waits, and a newer one due meanwhile skips it. A waiting version starts when the driver next looks. Each
+evaluation has the deadline of --eval-timeout from its start (the product's, sized from the questions it grades). One
+past it is dropped and the evaluator restarted; after MAX_FAILURES in a row, evaluation beside training stops. A
+rollback drops the evaluations of undone versions. At the end every pending one is waited for. An evaluation grades the
+weights of its version as the actor wrote them.
 """
 
 from __future__ import annotations

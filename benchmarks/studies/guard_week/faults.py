@@ -99,9 +99,9 @@ PLACEMENT_SPAN = 5  # steps a passing fault, a death or a kill keeps the next fa
 
 def place(kinds, catalogue: dict[str, Fault], rng, steps: int, first: int, tail: int) -> dict[str, int]:
     """Each fault's step: in a random order, each after the previous one's window and a random gap, from `first` to
-    `tail` steps before the end. An evaluation that hangs comes after the collapses (while it hangs the held-out rule is
-    blind: a collapse then would be the reward rule's alone) and after the faults that start the driver again (a new
-    driver has a new evaluator: the hang would end unseen); its window may hold the other faults."""
+    `tail` steps before the end. An evaluation that hangs comes after the collapses: while it hangs the held-out rule is
+    blind, and a collapse then would be the reward rule's alone. It also comes after the faults that start the driver
+    again: a new driver has a new evaluator, and the hang would end unseen; its window may hold the other faults."""
     order = [str(k) for k in rng.permutation(list(kinds))]
     if "eval_hang" in order:
         order.remove("eval_hang")

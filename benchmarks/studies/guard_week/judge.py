@@ -1,8 +1,9 @@
-"""The judge of a week: every fault its right answer(s), nothing outside the faults, no stop on a fault that passes, no
-checkpoint lost, the disk within the budget the run printed, and the run ending on the checkpoint it should.
+"""The judge of a week. Every fault gets its right answer(s), and nothing happens outside the faults. No fault that
+passes stops the run, and no checkpoint is lost. The disk stays within the budget the run printed, and the run ends on
+the checkpoint it should.
 
-"Should": the last step's, unless a fault that ends the run says otherwise; in these weeks the one such fault, the
-engine whose log-probs stay wrong, ends its run on the newest checkpoint, and the week's operator swaps the engine and
+"Should": the last step's, unless a fault that ends the run says otherwise; in these weeks the one such fault is the
+engine whose log-probs stay wrong. It ends its run on the newest checkpoint. The week's operator swaps the engine and
 runs it on to the end, which must again end on the last step.
 """
 

@@ -1,7 +1,7 @@
-"""The run's parts over the simulated world, with the interfaces the driver, the recovery and the guard call: the
-rollout manager and its engines (SimManager, behind a Ray actor's calling convention), the actor's group (SimGroup),
-the weight transport (SimPush) and the evaluator beside training (SimEvalBeside, EvalEngine's contract on the world's
-clock). Each step's time passes on the world's clock as its parts run; the faults act where they would.
+"""The run's parts over the simulated world, with the interfaces the driver, the recovery and the guard call. They are
+the rollout manager and its engines (SimManager, behind a Ray actor's calling convention), the actor's group (SimGroup)
+and the weight transport (SimPush). The evaluator beside training is SimEvalBeside: EvalEngine's contract on the world's
+clock. Each step's time passes on the world's clock as its parts run; the faults act where they would.
 """
 
 from __future__ import annotations
@@ -98,9 +98,9 @@ class SimManager:
         return [e for e in self.engines if e.alive] or self.engines
 
     def rollout_metrics(self, step: int, start: float, end: float, live: list[Engine]):
-        """The rollout's record and first errors, as the real rollout reports them: the rewards of 32 x 8 (each
-        prompt's chance the policy's log-odds plus its own difficulty), searches failing for the share of the rollout
-        the retriever was down, rewards failing (a transient kind) for the share the reward service timed out."""
+        """The rollout's record and first errors, as the real rollout reports them. The rewards are of 32 x 8 samples,
+        each prompt's chance the policy's log-odds plus its own difficulty. Searches fail for the share of the rollout
+        the retriever was down. Rewards fail (a transient kind) for the share the reward service timed out."""
         import numpy as np
 
         w, rng = self.world, self.world.rng
@@ -353,9 +353,9 @@ def bytes_on_disk(root: Path) -> tuple[int, list[str]]:
 
 
 class SimPush:
-    """The weight transport: the live engines connected to it take the trainer's weights, except an engine whose
-    update is lost (the stale-engine fault), which keeps its weights and reports the new version until the same version
-    is pushed again (the guard's re-push reconnects it)."""
+    """The weight transport: the live engines connected to it take the trainer's weights. An engine whose update is lost
+    (the stale-engine fault) keeps its weights and reports the new version. That lasts until the same version is pushed
+    again: the guard's re-push reconnects it."""
 
     def __init__(self, world: World, manager: SimManager, group: SimGroup):
         self.world, self.manager, self.group = world, manager, group

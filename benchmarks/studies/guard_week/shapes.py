@@ -10,11 +10,11 @@ the run takes, and the world's timings, curves and sizes at that shape.
                questions, evaluation and checkpoints every 10, --keep-checkpoints 2, --max-reward-error-rate 0.25,
                TIS; the tiny Qwen2 of scripts/models/tiny-qwen2.sh in fp32 at TP 1.
 
-What a simulation must change of the recipe's command line (WEEK_OVERRIDES): --save (a folder of the week's), the eval
-sets' paths (placeholder files of the sets' real row counts, so that the product counts their questions, slices and
---eval-sample as it does), and extra flags given with --recipe-flags. Everything else, and every default it implies,
-is the recipe's. Parts the week does not use (the model and data paths, Ray's placement, the transport's kind) are
-parsed and left as they are.
+What a simulation must change of the recipe's command line (WEEK_OVERRIDES). --save becomes a folder of the week's. The
+eval sets' paths become placeholder files of the sets' real row counts, so that the product counts their questions,
+slices and --eval-sample as it does. Extra flags come with --recipe-flags. Everything else, and every default it
+implies, is the recipe's. Parts the week does not use (the model and data paths, Ray's placement, the transport's kind)
+are parsed and left as they are.
 """
 
 from __future__ import annotations

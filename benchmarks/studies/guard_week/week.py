@@ -1,11 +1,11 @@
 """One seed's week: the run's parts over the world, started as train.py starts them, and the operator around it.
 
-The operator does what a scheduler and a person do: a driver that was killed, or that ended with an error naming a
-fault it cannot wait out (an evaluation inside the step past --eval-timeout), is started again with the same command
-(RunFolder and Recovery anew over the same run folder: `Recovery.resume` continues from its last checkpoint); a run
-the guard stopped is started again only once the stop's cause is fixed (an engine that disagrees is swapped; the stop's
-refusal of the same command is then lifted by removing RUN/stopped.json, as the refusal says), or at once after a stop
-of a fault that passes (the product resumes those itself); any other stop ends the week there.
+The operator does what a scheduler and a person do. A driver that was killed is started again with the same command. So
+is one that ended with an error naming a fault it cannot wait out (an evaluation inside the step past --eval-timeout).
+RunFolder and Recovery are made anew over the same run folder, and `Recovery.resume` continues from its last checkpoint;
+a run the guard stopped is started again only once the stop's cause is fixed (an engine that disagrees is swapped; the
+stop's refusal of the same command is then lifted by removing RUN/stopped.json, as the refusal says), or at once after a
+stop of a fault that passes (the product resumes those itself); any other stop ends the week there.
 """
 
 from __future__ import annotations

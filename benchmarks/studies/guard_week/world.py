@@ -1,6 +1,7 @@
-"""The simulated world of a guard week: the run's clock, the actor's weights as a point on a learning curve, the faults
-to come (each fires once: by step, or over a span of the clock), the held-out questions, and what the run did that is
-not a guard event (an engine restarted, an evaluator replaced, the run resumed), for the judge.
+"""The simulated world of a guard week. It holds the run's clock, the actor's weights as a point on a learning curve,
+and the held-out questions. It holds the faults to come; each fires once, by step or over a span of the clock. For the
+judge, it records what the run did that is not a guard event: an engine restarted, an evaluator replaced, the run
+resumed.
 
 The weights embody `progress` healthy updates (each applied update adds the learning rate's scale, so a rollback's
 remedy slows learning); an lr spike breaks them; a collapse begins at its step and deepens with every update on the
