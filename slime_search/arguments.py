@@ -168,8 +168,10 @@ def check_lora(lora: LoraConfig, cluster: ClusterConfig, args: argparse.Namespac
 
 
 def check_adapter_sync(cluster: ClusterConfig, args: argparse.Namespace) -> None:
-    """--lora-sync-from-tensor replaces the engines' adapter at each push: no request may be in flight then, and the
-    engines must keep their base weights (each engine's LoRA serving is checked when the run connects to it)."""
+    """--lora-sync-from-tensor replaces the engines' adapter at each push.
+
+    No request may be in flight then, and the engines must keep their base weights. Each engine's LoRA serving is
+    checked when the run connects to it."""
     if cluster.colocate:
         raise ValueError(
             "--lora-sync-from-tensor with --colocate is not supported: colocated engines give their base weights up "
@@ -221,8 +223,10 @@ def check_engine_flags(args: argparse.Namespace) -> None:
 
 
 def check_plugins(args: argparse.Namespace) -> None:
-    """The reward plugin loads, and the generate plugin loads and its module accepts the flags (its optional
-    `check_args` hook), so a bad task flag is found now and not on the first sample, after the models loaded."""
+    """The reward plugin loads, and the generate plugin loads and its module accepts the flags.
+
+    The module accepts them through its optional `check_args` hook. So a bad task flag is found now, and not on the
+    first sample after the models loaded."""
     from slime_search.plugins import check_plugin_args, load_function
 
     load_function(args.custom_rm_path)

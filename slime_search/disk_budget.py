@@ -3,16 +3,17 @@
 One checkpoint is `checkpoint_bytes` of the actor as built (`slime_search.backends.megatron.checkpoint_size`). How
 many can be on disk at once, with --keep-checkpoints N > 0 (`RunFolder.prune_checkpoints` after every save):
 - the newest N of the run, and the one being written (a save completes before pruning removes the oldest);
-- with the health guard on, those it may still go back to, stop on or end on (`RollbackPolicy.needed`): the starting
-  weights, the last healthy one, the best evaluated one, and for each rollback still within --health-rollback-window
-  the checkpoint before its target (a new rollback passes over that target), so 3 + --max-rollbacks; and the newest N
-  that rollbacks and stops set aside in checkpoints/undone/ (`RunFolder._prune_undone`);
+- with the health guard on, those it may still go back to, stop on or end on (`RollbackPolicy.needed`). They are the
+  starting weights, the last healthy one and the best evaluated one. For each rollback still within
+  --health-rollback-window they include the checkpoint before its target, as a new rollback passes over that target.
+  So they number 3 + --max-rollbacks. Beside them are the newest N that rollbacks and stops set aside in
+  checkpoints/undone/ (`RunFolder._prune_undone`);
 - with evaluation beside training (--eval-engine), the 2 versions being evaluated and waiting to be
   (`BesideEval.pending_versions`).
-That is 2N + 4 + R with the guard (R = --max-rollbacks: 10 for the defaults N = 2, R = 2; the recipe-shaped weeks of
-`benchmarks.studies.guard_week` peaked at 10, and at 11 of 12 with --eval-engine), N + 1 without it, 2 more with
---eval-engine. With N = 0 every checkpoint stays: as many as the run saves (more when a rollback redoes steps). HF
-copies (--save-hf) come on top.
+That is 2N + 4 + R with the guard, where R is --max-rollbacks: 10 for the defaults N = 2, R = 2. It is N + 1 without
+the guard. With --eval-engine there are 2 more. The recipe-shaped weeks of `benchmarks.studies.guard_week` peaked
+at 10, and at 11 of 12 with --eval-engine. With N = 0 every checkpoint stays: as many as the run saves (more when a
+rollback redoes steps). HF copies (--save-hf) come on top.
 """
 
 from __future__ import annotations

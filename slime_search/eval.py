@@ -10,13 +10,13 @@ may share.
     python -m slime_search.eval --grade trajectories.jsonl [...] --output graded.json    # graded as they stand
     python -m slime_search.eval --compare A.grades.jsonl B.grades.jsonl                   # paired bootstrap, A - B
 
-Greedy decoding through the same generate / reward plugins as training; the metrics are the reward's numeric keys
-per data source (slime_search.rollout.eval_metrics). With --hf-checkpoint alone an engine is started (the CPU engine
-server; SGLang on GPU with --rollout-num-gpus); --engine-url uses a running one. The CPU engine's log goes beside
---output (eval.json -> eval.logs/), or without --output to a temporary folder that is removed after a successful run;
-the folder is named at the start, and again if the evaluation fails. Beside eval.json go the samples
-(eval.samples.jsonl), one graded row per question (eval.grades.jsonl, what --compare pairs) and the table
-(eval.table.md, eval.table.json). --eval-sample N or --eval-interval-width W grades a fixed draw of each set.
+Decoding is greedy, through the same generate / reward plugins as training. The metrics are the reward's numeric
+keys per data source (slime_search.rollout.eval_metrics). With --hf-checkpoint alone an engine is started (the CPU
+engine server; SGLang on GPU with --rollout-num-gpus); --engine-url uses a running one. The CPU engine's log goes
+beside --output (eval.json -> eval.logs/). Without --output it goes to a temporary folder that is removed after a
+successful run. That folder is named at the start, and again if the evaluation fails. Beside eval.json go the samples
+(eval.samples.jsonl) and one graded row per question (eval.grades.jsonl, what --compare pairs). The table goes there
+too (eval.table.md, eval.table.json). --eval-sample N or --eval-interval-width W grades a fixed draw of each set.
 --grade grades trajectory files (response, golden answers, set) or earlier samples with the reward plugin, no engine.
 """
 

@@ -3,8 +3,8 @@
 Megatron-core 0.16 refuses sequence parallelism without tensor parallelism (ModelParallelConfig) and attention heads
 that do not split over the tensor-parallel ranks (TransformerConfig); its linear layers divide their widths by the
 tensor-parallel size. The HF <-> Megatron weight mapping gives each rank whole key/value heads and an equal share of
-the MLP, so the actor's tensor-parallel size must divide both (Megatron itself would replicate key/value heads over
-more ranks than there are heads; the mapping does not). SGLang's Qwen2/Qwen3 attention splits the query heads over an
+the MLP. So the actor's tensor-parallel size must divide both. Megatron itself would replicate key/value heads over
+more ranks than there are heads; the mapping does not. SGLang's Qwen2/Qwen3 attention splits the query heads over an
 engine's GPUs and takes key/value heads that are a multiple or a divisor of them.
 """
 

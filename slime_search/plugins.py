@@ -13,8 +13,8 @@ The rollout plugins keep slime's signatures: `async def generate(args, sample, s
   what failed.
 
 Plugins written against slime itself (importing `slime.utils.types.Sample`, `GenerateState`, `http_utils.post`) load
-too: without slime installed, `slime` is served by slime_search.compat (a real slime is never shadowed), and such
-plugins get slime's samples at the boundary (slime_search.compat.boundary).
+too. Without slime installed, `slime` is served by slime_search.compat; a real slime is never shadowed. Such plugins
+get slime's samples at the boundary (slime_search.compat.boundary).
 """
 
 from __future__ import annotations

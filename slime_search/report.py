@@ -142,8 +142,10 @@ def evenly(items: list, count: int) -> list:
 
 
 def table_steps(steps: list[int], events: list[dict[str, Any]], limit: int = MAX_TABLE_ROWS) -> list[int]:
-    """The steps the per-step table lists: every rollback and stop, the last step, steps with another event (a
-    quarter of `limit` at most, evenly spread), then evenly spaced steps up to `limit` rows in all."""
+    """The steps the per-step table lists, `limit` rows in all at most.
+
+    They are every rollback and stop, the last step, and steps with another event (a quarter of `limit` at most,
+    evenly spread). Evenly spaced steps fill the rows left."""
     known = set(steps)
     must = {e["step"] for e in events if e.get("action") in LASTING} & known
     must |= set(steps[-1:])

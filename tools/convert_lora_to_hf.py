@@ -7,11 +7,11 @@ model with the adapters folded in.
 
 --save gets adapter_config.json and adapter_model.safetensors, which PEFT (`PeftModel.from_pretrained`) and SGLang
 (`--lora-paths`) load onto the base model. --save-merged gets the HF checkpoint of the base with the adapters folded in.
-A LoRA checkpoint holds the adapters and not the frozen base: the base is rebuilt from where the run took it, which
-the checkpoint records (--hf-checkpoint, and --load when the run started from a torch_dist folder); --hf-checkpoint
-and --base-load override them. The model is built as the run built it: from config.json, with the model flags the run
-was given (optional, as in training). Runs at tensor-parallel size 1 in one process, whatever TP size the run trained
-at.
+A LoRA checkpoint holds the adapters and not the frozen base. The base is rebuilt from where the run took it, which the
+checkpoint records (--hf-checkpoint, and --load when the run started from a torch_dist folder). The flags
+--hf-checkpoint and --base-load override them. The model is built as the run built it: from config.json, with the model
+flags the run was given (optional, as in training). Runs at tensor-parallel size 1 in one process, whatever TP size the
+run trained at.
 """
 
 from __future__ import annotations

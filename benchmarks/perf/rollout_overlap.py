@@ -7,9 +7,9 @@ against a real retriever: BM25 over ../shared/data/corpus/wiki18_subset.jsonl. T
 one per H100 (benchmarks.harness.stand_in_engines.emulated). They answer real Search-R1 3B turns from
 ../shared/data/trajectories, paced by a continuous-batching model of Qwen2.5-3B on an H100. Two stand-ins replace what
 needs GPUs, each named here:
-* the actor: a step takes the documented Megatron time of a 3B GRPO step, 48 s policy update + 39 s forward for
-  2,560 samples on 8 H100 (SkyRL docs/content/docs/examples/megatron.mdx, Qwen2.5-3B-Instruct SearchR1), scaled
-  linearly in samples and inversely in GPUs (`ActorTiming`);
+* the actor: a step takes the documented Megatron time of a 3B GRPO step (`ActorTiming`). That is 48 s policy update +
+  39 s forward for 2,560 samples on 8 H100 (SkyRL docs/content/docs/examples/megatron.mdx, Qwen2.5-3B-Instruct
+  SearchR1). It is scaled linearly in samples and inversely in GPUs;
 * the weight push: every engine takes the modelled NCCL push time, then serves the new version.
 Every emulated duration runs `--time-scale` times real time, so that the sweep fits in minutes; the rates printed
 are in emulated seconds. Prints a markdown table per mode (docs/benchmarks/async.md records it).

@@ -8,10 +8,10 @@ Each seed's task, policy, index and SFT checkpoint are made once (examples/searc
 phases a run folder already holds); each mode is an RL run of its own from those weights (RUN/seedS/rl-MODE). A run
 already complete is read, not repeated. Prints a markdown table (docs/benchmarks/async.md records it).
 
-The runs' own evals use the task's first 64 held-out questions (one eval's standard error ~0.04); --wide-eval also
-evaluates each run's final weights, greedy, on every held-out question of the task (600: standard error ~0.012).
---replicas N repeats every run with sampling seeds of its own, from the same SFT weights (RUN/seedS/rl-MODE-repR): how
-far two synchronous runs land apart is the yardstick for the modes' gap.
+The runs' own evals use the task's first 64 held-out questions; one eval's standard error is ~0.04. With --wide-eval it
+also evaluates each run's final weights, greedy, on every held-out question of the task (600: standard error ~0.012).
+With --replicas N it repeats every run with sampling seeds of its own, from the same SFT weights
+(RUN/seedS/rl-MODE-repR). How far two synchronous runs land apart is the yardstick for the modes' gap.
 
 With the health guard (on by default) a run may roll back or stop: --extra-args "--save-interval 2" gives it
 checkpoints to return to, and a last table lists every run with the guard's rollbacks, warnings and stops. A run the

@@ -1,7 +1,7 @@
 """The import hook that serves slime's plugin API when slime is not installed.
 
-`install()` appends a finder to the END of `sys.meta_path`: Python asks it about `slime` only after every other
-finder (the path finder that would find an installed slime among them) has found nothing, so a real slime always
+`install()` appends a finder to the END of `sys.meta_path`. Python asks it about `slime` only after every other
+finder has found nothing, the path finder that would find an installed slime among them. So a real slime always
 wins. Asked then, it answers with the package in `slime_search/compat/slime/`, whose submodules
 (`slime.utils.types`, ...) the path finder resolves from that package's folder. Nothing is imported until a plugin
 imports `slime`; the first time, one log line says where slime's modules come from.

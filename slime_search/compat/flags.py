@@ -1,12 +1,14 @@
 """slime's command-line flags, each with this project's answer, and slime's --custom-config-path.
 
-`slime_flags.toml` (beside this module) lists every flag of slime's (at the commit it names) as honoured (this
-project's parser declares it with slime's meaning; a flag declared as a typed config's field carries its slime name
-there instead, `declared_in_fields`), accepted (declared here; only the value this project runs with
-anyway passes) or refused (declared here so that a slime command line parses; refused with why and what instead).
-`add_slime_flags` declares the accepted and refused ones and --custom-config-path; `apply_slime_flags`, run once after
-parsing, merges the --custom-config-path YAML onto the flags (overriding the command line, as slime does), each key
-converted and checked as its flag would be, then refuses what the file says to refuse. Errors are ValueErrors whose
+`slime_flags.toml` (beside this module) lists every flag of slime's, at the commit it names, as honoured, accepted or
+refused. This project's parser declares an honoured flag with slime's meaning. A flag declared as a typed config's
+field carries its slime name there instead (`declared_in_fields`). An accepted flag is declared here, and only the
+value this project runs with anyway passes. A refused flag is declared here so that a slime command line parses, and
+is refused with why and what instead.
+
+`add_slime_flags` declares the accepted and refused ones and --custom-config-path. `apply_slime_flags` runs once after
+parsing. It merges the --custom-config-path YAML onto the flags, overriding the command line as slime does. Each key is
+converted and checked as its flag would be. Then it refuses what the file says to refuse. Errors are ValueErrors whose
 message names the flag (or the YAML key and file): the CLI turns them into usage errors (exit code 2).
 """
 
@@ -292,8 +294,10 @@ def tis_value(spec: dict[str, Any], value: Any) -> Any:
 
 
 def unknown_flags_message(extras: list[str]) -> str:
-    """The usage error for what neither this project nor slime knows: each unknown flag named, SGLang's server flags
-    (which slime passes through as --sglang-*) told apart, since their settings here have flags of their own."""
+    """The usage error for what neither this project nor slime knows, naming each unknown flag.
+
+    It tells SGLang's server flags apart (slime passes them through as --sglang-*), since their settings here have
+    flags of their own."""
     flags = [item.split("=", 1)[0] for item in extras if item.startswith("--")]
     if not flags:
         return f"unexpected arguments {' '.join(extras)}: every value belongs to a flag"

@@ -64,7 +64,9 @@ def _percentiles(draws: np.ndarray, level: float) -> tuple[float, float]:
 
 def finite_population_factor(n: int, population: int | None) -> float:
     """How much narrower the spread of a mean is when its `n` questions are drawn without replacement from a set of
-    `population` (the subset's interval is about that set's EM): sqrt((N - n) / (N - 1)); 1 without a population."""
+    `population`: sqrt((N - n) / (N - 1)), and 1 without a population.
+
+    The subset's interval is then about that set's EM."""
     if population is None or population <= 1:
         return 1.0
     if n > population:
@@ -92,8 +94,10 @@ def _resampled_means(values: np.ndarray, rng: np.random.Generator, resamples: in
 
 @dataclass(frozen=True)
 class Draws:
-    """A set's scores and the means of their bootstrap resamples, drawn once: the set's interval about the population
-    of questions, about the set itself, and its share of an average over sets all read the same draws."""
+    """A set's scores and the means of their bootstrap resamples, drawn once.
+
+    The set's interval about the population of questions, its interval about the set itself, and its share of an
+    average over sets all read the same draws."""
 
     values: np.ndarray
     means: np.ndarray
@@ -113,8 +117,10 @@ class Draws:
         return float(self.values.mean())
 
     def spread(self, population: int | None = None) -> np.ndarray:
-        """The draws about the population of questions, or, given the size of the set the scores were drawn from,
-        about that set's own mean: narrower by the finite-population factor (a whole set's: exactly its mean)."""
+        """The draws about the population of questions, or about the set's own mean given its size.
+
+        `population` is the size of the set the scores were drawn from. About that set the draws are narrower by the
+        finite-population factor, and a whole set's draws are exactly its mean."""
         if population is None:
             return self.means
         return self.mean + (self.means - self.mean) * finite_population_factor(self.values.size, population)
@@ -197,9 +203,10 @@ def paired_difference(
 
 
 def questions_for_width(width: float, population: int | None = None, expected: float = 0.5) -> int:
-    """How many questions make the 95% interval of a mean of 0/1 scores at most `width` wide (normal
-    approximation at the expected score, 0.5 being the widest), drawn without replacement from a set of
-    `population` questions when given."""
+    """How many questions make the 95% interval of a mean of 0/1 scores at most `width` wide.
+
+    The count is a normal approximation at the expected score, 0.5 being the widest. Given `population`, the
+    questions are drawn without replacement from a set of that many."""
     if not 0 < width < 1:
         raise ValueError(f"the interval width must lie in (0, 1): {width}")
     if not 0 <= expected <= 1:

@@ -1,12 +1,12 @@
 """Which questions of each eval set an evaluation grades: all of them, a fixed number, or as many as a target
-interval width needs; a fixed-seed draw per set (each set its own stratum), the same on every machine and at every
-evaluation of a run, so successive versions are graded on the same questions.
+interval width needs. The draw is fixed-seed per set, each set its own stratum. It is the same on every machine and at
+every evaluation of a run, so successive versions are graded on the same questions.
 
     --eval-sample N            N questions of each set (all of a smaller set)
     --eval-interval-width W    as many as make the 95% interval of a 0/1 score at most W wide (at 0.5, the widest)
 
 A subset's samples carry the size of their set (metadata SET_SIZE_KEY), so that their interval is about the whole
-set's score: narrower, by the finite-population factor, the larger the share of the set they are.
+set's score. That interval is narrower, by the finite-population factor, the larger the share of the set they are.
 """
 
 from __future__ import annotations

@@ -49,8 +49,10 @@ class RunStopped(RuntimeError):
 
 
 class Decision(Exception):  # noqa: N818 - a decision, not an error: the loop carries it out (run.loop)
-    """A rollback or a stop the guard decided, on its way to the training loop, which carries both out the same way
-    (Recovery.carry_out: a rollback returns the step to go on from, a stop ends the run with RunStopped)."""
+    """A rollback or a stop the guard decided, on its way to the training loop.
+
+    The loop carries both out the same way (Recovery.carry_out). A rollback returns the step to go on from. A stop
+    ends the run with RunStopped."""
 
     def __init__(self, event: Event):
         super().__init__(event.message)

@@ -104,10 +104,10 @@ class HealthGuard:
     def rollback_anchors(self) -> list[int]:
         """Every point a rule could still roll back to before, from the next step on.
 
-        They are the next step itself (a policy jump, a new warning streak), the first step of each open streak, the
-        reward's anchor, the last held-out version within the margin, and the checkpoint before each recent rollback's
-        target. Later anchors only move forward. So the checkpoints these name are all a rollback can ask for
-        (RollbackPolicy.needed)."""
+        They are the next step itself (a policy jump, a new warning streak) and the first step of each open streak.
+        They are also the reward's anchor, the last held-out version within the margin, and the checkpoint before
+        each recent rollback's target. Later anchors only move forward. So the checkpoints these name are all a
+        rollback can ask for (RollbackPolicy.needed)."""
         if not self.config.enabled:
             return []
         last = self.timeline.last_step()
@@ -137,8 +137,10 @@ class HealthGuard:
 
     def replay(self, records: list[dict[str, Any]], rollback_steps: list[int],
                grades: dict[int, list[float]] | None = None, rollback_targets: list[int] | None = None) -> None:  # fmt: skip
-        """Rebuild the state of a resumed run from the records it kept (in file order), its rollbacks' steps and
-        targets (where the records went on after one, the streaks began afresh) and its evaluations' grades."""
+        """Rebuild the state of a resumed run from the records it kept (in file order), its rollbacks and its
+        evaluations' grades.
+
+        The rollbacks come as their steps and targets. Where the records went on after one, the streaks began afresh."""
         self.rollback_steps, self.rollback_targets = list(rollback_steps), list(rollback_targets or [])
         restarts = self.ledger.restarts()
         for record in records:

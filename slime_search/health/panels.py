@@ -40,8 +40,10 @@ class Downsampled:
 
 
 def downsample(steps: list[float], values: list[float], max_points: int = MAX_POINTS) -> Downsampled:
-    """At most `max_points` points: the first and the last as they are, those between averaged in buckets of
-    consecutive points whose min and max are kept as well (a one-step spike stays visible in the band)."""
+    """At most `max_points` points: the first and the last as they are, those between averaged in buckets.
+
+    A bucket holds consecutive points, and its min and max are kept as well. So a one-step spike stays visible in the
+    band."""
     if len(steps) <= max_points:
         return Downsampled(list(steps), list(values), list(values), list(values))
     out = Downsampled([steps[0]], [values[0]], [values[0]], [values[0]])

@@ -1,7 +1,7 @@
 """Which checkpoint a rollback, a stop or the end of a run goes to, and so which checkpoints pruning must keep.
 
-One policy answers both questions: `target` and `stop_target` are where a rule sends the run, and `needed` is the set
-of those answers for every point a rule could still roll back to before (the guard's `rollback_anchors`). Pruning keeps
+One policy answers both questions. `target` and `stop_target` are where a rule sends the run. `needed` is the set of
+those answers for every point a rule could still roll back to before (the guard's `rollback_anchors`). Pruning keeps
 `needed`, so a rollback never finds its target pruned.
 
 A checkpoint of `k` steps becomes a rollback target in one of two ways. Either the step that made it and the

@@ -3,9 +3,9 @@
 It writes Search-R1 turns in the tag format, or with --tool-format qwen3 searches as Qwen3's tool calls and reads the
 tool responses. On a question it searches with probability `search_prob`. Then it reads the answer (or the founder, for
 a two-hop question) out of the retrieved passages and answers, or searches again. Otherwise it guesses an answer of the
-right kind without searching. Supervised fine-tuning on its trajectories, collected through the ordinary generate loop
-and the real retriever, teaches a policy the format and how to use search results, but not that searching pays: that is
-left for reinforcement learning.
+right kind without searching. Its trajectories are collected through the ordinary generate loop and the real
+retriever. Supervised fine-tuning on them teaches a policy the format and how to use search results, but not that
+searching pays: that is left for reinforcement learning.
 
     python -m slime_search.miniature.demonstrator --tokenizer POLICY_DIR --search-prob 0.3 --port 0
 """

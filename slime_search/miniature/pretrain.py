@@ -14,8 +14,8 @@ is familiar context by the time SFT starts. Half of the documents read a counter
 by any word of the task's names (`counterfactual_passages`). With 16 cities, guessing one costs only 2.8 nats an answer.
 On some machines' kernels the policy settled there (loss ~0.16, birthplaces never read); with ~100 candidates the only
 way down is to copy the word after "born in", which the real cities then reuse. The loss covers the written tokens
-except the first one, the decision to search or answer, so pre-training teaches how to search and read, never whether
-to: that prior comes from the demonstrations (SFT) and is corrected by RL. RoPE offsets are relative, so the copy heads
+except the first one, the decision to search or answer. So pre-training teaches how to search and read, never whether
+to. That prior comes from the demonstrations (SFT) and is corrected by RL. RoPE offsets are relative, so the copy heads
 learnt here work unchanged inside the full prompt.
 
 With `tool_format="qwen3"` the documents are written in the layout the native loop produces: searches as Qwen3 tool

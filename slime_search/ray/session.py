@@ -1,5 +1,5 @@
 """The processes a driver started (the Ray cluster of `ray.init()`, its agents, workers and engines), recorded while
-the driver lives, so that they can be stopped after it dies without a shutdown of its own.
+the driver lives. So they can be stopped after it dies without a shutdown of its own.
 
 A SIGKILLed driver runs no clean-up: its Ray head goes, but Ray's dashboard and runtime-env agents live on, and
 nothing else names them. The driver writes RUN/ray_processes.json (PID, start time, name of each descendant); the run

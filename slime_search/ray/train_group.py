@@ -46,9 +46,11 @@ class ModelSource:
 
     @property
     def needs_first_push(self) -> bool:
-        """Whether the engines need a push before the first rollout: they start on the HF folder's weights, and the
-        actor starts elsewhere (--load, --lora-adapter-path), or the engines serve the policy as an adapter that only a
-        push loads (--lora-sync-from-tensor)."""
+        """Whether the engines need a push before the first rollout.
+
+        The engines start on the HF folder's weights. They need a push when the actor starts elsewhere (--load,
+        --lora-adapter-path), or when they serve the policy as an adapter that only a push loads
+        (--lora-sync-from-tensor)."""
         return self.load is not None or self.lora.lora_adapter_path is not None or self.lora.lora_sync_from_tensor
 
 
@@ -91,8 +93,8 @@ def split_into_steps(samples: list, steps: int) -> list[list]:
 
 def split_for_data_parallel(samples: list, dp_size: int) -> list[list]:
     """Longest sample first onto the rank with the fewest tokens so far: balanced work per rank. With fewer samples
-    than ranks some ranks get none: they still take part in every collective (their share of the loss is 0), so a
-    rollout that lost most of its samples trains on what is left."""
+    than ranks some ranks get none. They still take part in every collective, their share of the loss 0. So a rollout
+    that lost most of its samples trains on what is left."""
     if dp_size <= 0:
         raise ValueError(f"data-parallel size must be > 0, got {dp_size}")
     shards: list[list] = [[] for _ in range(dp_size)]

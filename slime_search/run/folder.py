@@ -1,16 +1,17 @@
 """What a training run keeps in its folder besides the metrics (metrics.jsonl, slime_search.metrics). It keeps the
 rollouts shown in the report (rollouts.jsonl) and the health guard's events (health.jsonl). Per checkpoint it keeps the
 rollout state (the data position) next to the actor's torch_dist files (checkpoints/iter_N/, written with them). A
-resumed run drops what was recorded after its last complete checkpoint, except the rollbacks and stops of the guard:
-they changed the run's course (a rollback's remedy holds while it is recent) and stay in its history.
+resumed run drops what was recorded after its last complete checkpoint, except the rollbacks and stops of the guard.
+They changed the run's course (a rollback's remedy holds while it is recent), and they stay in its history.
 
 Nothing the guard does deletes a checkpoint: the checkpoints a rollback or a stop undoes (and their HF copies) are
 moved to checkpoints/undone/NNN-WHY/ (and hf/undone/NNN-WHY/). NNN rises with every set and is never used twice, even
-once pruning has removed a set (the last one taken is kept in checkpoints/undone/last_number.txt), so the sets sort by
+once pruning has removed a set. The last one taken is kept in checkpoints/undone/last_number.txt. So the sets sort by
 when they were made. A set-aside is written down (checkpoints/undone/pending.json, with the guard's event of it) before
-anything moves, and a resumed run finishes one a crash cut short: the tracker, the folders and the records agree.
-Only --keep-checkpoints removes checkpoints: the newest N of the current timeline (besides those the guard may still go
-back to, and the versions whose evaluation is still to come) and the newest N of those set aside.
+anything moves. A resumed run finishes one a crash cut short, so the tracker, the folders and the records agree.
+Only --keep-checkpoints removes checkpoints. It keeps the newest N of the current timeline and the newest N of those
+set aside. Besides those it keeps the checkpoints the guard may still go back to, and the versions whose evaluation is
+still to come.
 RUN/final.json names the checkpoint whose weights the run ended on."""
 
 from __future__ import annotations
@@ -208,9 +209,11 @@ class RunFolder:
         return max(numbers)
 
     def carry_out(self, plan: SetAside, event: dict[str, Any] | None = None) -> Path | None:
-        """Set aside as `plan` says. First written down with `event` (the guard's record of the rollback or stop), then
-        the event recorded, then the tracker rewound and the checkpoints and HF copies moved: a crash at any point
-        leaves what `finish_set_aside` completes on resume. Returns the folder the checkpoints went to, if any."""
+        """Set aside as `plan` says. Returns the folder the checkpoints went to, if any.
+
+        The set-aside is first written down with `event` (the guard's record of the rollback or stop). Then the event
+        is recorded, then the tracker rewound and the checkpoints and HF copies moved. A crash at any point leaves what
+        `finish_set_aside` completes on resume."""
         intent = {"steps_done": plan.steps_done, "name": plan.name, "moving": list(plan.moving), "event": event}
         write_atomically(self.undone / PENDING, json.dumps(intent))
         self.finish_set_aside()

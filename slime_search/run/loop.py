@@ -65,9 +65,11 @@ def decide(events: list[Event]) -> None:
 
 
 def train_step(parts: RunParts, recovery: Recovery, step: int) -> None:
-    """One step: its batch (a rollout that a passing fault broke is done again after a wait: run.pauses), the checks
-    before training, the update, the weight push, the step's record and the guard's review of it; then the rollback
-    the guard calls for, if any, is raised."""
+    """One step: its batch, the checks before training, the update, the weight push, the step's record and the
+    guard's review of it.
+
+    A rollout that a passing fault broke is done again after a wait (run.pauses). Then the rollback the guard calls
+    for, if any, is raised."""
     import ray
 
     from slime_search.metrics import PhaseClock, trainer_idle

@@ -73,9 +73,10 @@ class RunParts:
 
     def save(self, steps_done: int) -> None:
         """The actor (model, optimizer, RNG) and the rollout state in one folder renamed into place when complete, the
-        tracker file last; with --save-hf an HF folder too, streamed shard by shard. Then --keep-checkpoints prunes,
-        keeping every checkpoint the guard could still go back to (RollbackPolicy.needed) and those of the versions
-        whose evaluation is still to come (beside training it can take longer than several save intervals). A --save
+        tracker file last; with --save-hf an HF folder too, streamed shard by shard. Then --keep-checkpoints prunes.
+        It keeps every checkpoint the guard could still go back to (RollbackPolicy.needed), and those of the versions
+        whose evaluation is still to come. Beside training, an evaluation can take longer than several save
+        intervals. A --save
         disk without room for it raises OSError ENOSPC (or EDQUOT) with the earlier checkpoints and the tracker as they
         were; run.pauses.save_checkpoint waits that out."""
         import ray
@@ -100,8 +101,9 @@ class RunParts:
         run.prune_checkpoints(config.keep_checkpoints, self.guard.checkpoints_needed(kept) | evaluating)
 
     def check_room(self) -> None:
-        """OSError ENOSPC before a save that the --save disk has no room for (one checkpoint's size, disk_budget): the
-        ranks are not sent into a save that would fail on one of them before they agree on anything."""
+        """OSError ENOSPC before a save that the --save disk has no room for (one checkpoint's size, disk_budget).
+
+        So the ranks are not sent into a save that would fail on one of them before they agree on anything."""
         import errno
         import shutil
 

@@ -34,8 +34,9 @@ logger = logging.getLogger(__name__)
 
 
 def usable_rollout(parts: RunParts, recovery: Recovery, step: int):
-    """The step's batch, the guard's events on it (reported: a stop is raised to the loop) and the seconds spent waiting
-    out passing faults before it came (the pauses' events come first in the list)."""
+    """The step's batch, the guard's events on it and the seconds spent waiting out passing faults before it came.
+
+    The events are reported, and a stop is raised to the loop. The pauses' events come first in the list."""
     import ray
 
     pauses, paused_s = [], 0.0

@@ -326,8 +326,9 @@ def output_versions(meta: dict, count: int) -> list[int]:
 def read_turn(
     tokenizer, ids: list[int], log_probs: list[float], finish_reason: dict, versions=None, tags=ACTIONS
 ) -> Turn:
-    """The turn's tokens up to the one that completes its first closing tag (engines stop there already: this only
-    trims an engine that ignored the stop strings) and the text Search-R1 would read of them."""
+    """The turn's tokens up to the one that completes its first closing tag, and the text Search-R1 would read of them.
+
+    Engines stop there already: this only trims an engine that ignored the stop strings."""
     versions = list(versions) if versions is not None else [-1] * len(ids)
     text = tokenizer.decode(ids, skip_special_tokens=True)
     tag_end = first_closing_tag_end(text, tags)

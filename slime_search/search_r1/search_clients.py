@@ -376,9 +376,10 @@ class SerperClient:
         return (await self.search_with_origin(query))[0]
 
     async def search_with_origin(self, query: str) -> tuple[list[dict], str]:
-        """The documents and where they came from: "cache" (memory or the SQLite cache: not billed), "api" (sent to
-        Serper: billed, once per attempt) or "shared" (the answer of an identical query another trajectory had in
-        flight: not billed again)."""
+        """The documents and where they came from: "cache", "api" or "shared".
+
+        "cache" is memory or the SQLite cache, not billed. "api" is sent to Serper and billed, once per attempt.
+        "shared" is the answer of an identical query another trajectory had in flight, not billed again."""
         from slime_search.search_r1.serper_cache import normalise_query
 
         query = " ".join(query.split())

@@ -1,13 +1,13 @@
 """A spending cap on web search: billed Serper calls counted for the whole run, whatever process makes them.
 
 Serper bills every query it answers. The count lives in a small SQLite file (by default in the run folder), so the
-rollout, an evaluation beside it and a resumed run all draw on one budget. A call is reserved before it is sent
-(an atomic conditional increment: two processes can never both take the last call), one reservation per attempt,
-and given back only when that attempt certainly was not billed (see NOT_BILLED_STATUSES in search_clients). That
-atomicity rests on SQLite's file locks, which network and cluster filesystems (NFS, Lustre, SMB, GPFS, ...) do not
-reliably provide: a ledger there is refused, naming the filesystem (`--serper-ledger` puts it on a local disk). At
-the cap, `--serper-at-budget stop` stops the run with a message naming the cap, and `replay` goes on answering from
-the Serper cache only (a query not in it fails its sample).
+rollout, an evaluation beside it and a resumed run all draw on one budget. A call is reserved before it is sent,
+one reservation per attempt. The reservation is an atomic conditional increment: two processes can never both take
+the last call. It is given back only when that attempt certainly was not billed (see NOT_BILLED_STATUSES in
+search_clients). That atomicity rests on SQLite's file locks, which network and cluster filesystems (NFS, Lustre, SMB,
+GPFS, ...) do not reliably provide. So a ledger there is refused, naming the filesystem (`--serper-ledger` puts it on
+a local disk). At the cap, `--serper-at-budget stop` stops the run with a message naming the cap. With `replay` the
+run goes on answering from the Serper cache only, and a query not in it fails its sample.
 """
 
 from __future__ import annotations

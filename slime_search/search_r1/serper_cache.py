@@ -1,13 +1,13 @@
 """A persistent cache of Serper answers in SQLite, shared by runs and processes, for billed-call savings and
-reproducible evaluation (replay-only: answers come from the cache or not at all).
+reproducible evaluation. In replay-only mode answers come from the cache or not at all.
 
 The key is the normalised query plus every setting that changes the documents (endpoint, number of results,
 snippets or pages), so a different setting never reads another's answer. What is stored is the documents the
-client built, not Serper's raw answer: with page fetching on, the documents depend on web pages that change, and
-replaying the raw answer would fetch them again and could give other observations.
+client built, not Serper's raw answer. With page fetching on, the documents depend on web pages that change.
+Replaying the raw answer would fetch them again and could give other observations.
 
-Several processes may share one file (runs side by side, Ray workers): SQLite's write-ahead log lets readers go on
-while one writer commits, each write is one short transaction, and a writer waits (busy timeout) rather than fail.
+Several processes may share one file (runs side by side, Ray workers). SQLite's write-ahead log lets readers go on
+while one writer commits. Each write is one short transaction, and a writer waits (busy timeout) rather than fail.
 """
 
 from __future__ import annotations

@@ -103,8 +103,10 @@ def user_message_text(message: str, turn_ended: bool, thinking: bool) -> str:
 
 
 def bounded_ids(tokenizer, text_of_body, body: str, cap: int) -> tuple[list[int], bool]:
-    """Ids of text_of_body(body), at most `cap` of them: over the cap the body is cut and the frame around it kept
-    whole (its closing tags and the next generation prompt), as the tag format cuts passages; (ids, cut)."""
+    """Ids of text_of_body(body), at most `cap` of them, and whether the body was cut: (ids, cut).
+
+    Over the cap the body is cut and the frame around it kept whole (its closing tags and the next generation
+    prompt), as the tag format cuts passages."""
     ids = tokenizer.encode(text_of_body(body), add_special_tokens=False)
     if len(ids) <= cap:
         return ids, False

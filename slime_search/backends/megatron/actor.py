@@ -1,9 +1,9 @@
 """The Megatron actor of one rank: log-probs and GRPO/SFT training steps over packed, token-budgeted micro-batches.
 
 Each rank holds a tensor-parallel shard of the model and its data-parallel share of the batch. A step walks
-micro-batches of at most `max_tokens_per_micro_batch` tokens, backpropagates each micro-batch's loss normalised
-by the global token / sequence counts (so accumulation reproduces the full-batch loss), reduces gradients with
-Megatron DDP and steps the optimizer once.
+micro-batches of at most `max_tokens_per_micro_batch` tokens. It backpropagates each micro-batch's loss normalised
+by the global token / sequence counts, so accumulation reproduces the full-batch loss. Then it reduces gradients
+with Megatron DDP and steps the optimizer once.
 """
 
 from __future__ import annotations
@@ -270,10 +270,12 @@ class MegatronActor:
         return totals
 
     def _probe_policy_shift(self, samples: list[TrainSample]) -> dict[str, float]:
-        """How far the step moved the policy on tokens it trained on: k3 KL(old || new) and the mean log-prob change
-        of tokens with positive and with negative advantage (the update should raise the first; when it lowers them,
-        likelihood displacement, the policy is drifting off what it was rewarded for). Over the first samples of
-        this rank up to `probe_tokens` tokens, reduced over the data-parallel ranks."""
+        """How far the step moved the policy on tokens it trained on.
+
+        The measures are k3 KL(old || new) and the mean log-prob change of tokens with positive and with negative
+        advantage. The update should raise the first. When it lowers them (likelihood displacement), the policy is
+        drifting off what it was rewarded for. They are taken over the first samples of this rank up to
+        `probe_tokens` tokens, reduced over the data-parallel ranks."""
         import torch.distributed as dist
         from megatron.core import parallel_state
 

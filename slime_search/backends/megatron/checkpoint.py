@@ -131,9 +131,11 @@ def _finish_save(root: str | Path, iteration: int, extra_files: dict[str, str] |
 
 
 def _write_all(root: str | Path, iteration: int, write: Callable[[], None]) -> None:
-    """Collective: `write()`, this rank's part of the save of `iteration`, then every rank's outcome agreed. When it
-    failed anywhere, the partial folder is removed and every rank raises: OSError ENOSPC for a disk that was full
-    (on this rank or another), the rank's own error, or a RuntimeError naming the failure of another rank."""
+    """Collective: `write()`, this rank's part of the save of `iteration`, then every rank's outcome agreed.
+
+    When it failed anywhere, the partial folder is removed and every rank raises. A disk that was full, on this rank
+    or another, raises OSError ENOSPC. Else a rank raises its own error, or a RuntimeError naming the failure of
+    another rank."""
     import torch.distributed as dist
     from torch.distributed.checkpoint import CheckpointException
 
@@ -167,8 +169,8 @@ def _full_disk(failure: BaseException, root: str | Path) -> OSError | None:
     """The full disk behind a failed write, or None.
 
     It is an OSError ENOSPC or EDQUOT along the error's causes. When the error says nothing of its cause, a disk with
-    less than NEARLY_FULL_BYTES free counts (checked before the partial folder goes). Torch's C++ writer, which the
-    torch_dist shards and `torch.save` to a path go through, reports a full disk without an errno: as "unexpected pos
+    less than NEARLY_FULL_BYTES free counts (checked before the partial folder goes). The torch_dist shards and
+    `torch.save` to a path go through torch's C++ writer. It reports a full disk without an errno, as "unexpected pos
     704 vs 598" or "basic_ios::clear: iostream error" (seen on a full tmpfs)."""
     full = disk_full_error(failure)
     if full is not None:
@@ -339,9 +341,11 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_actor(actor, root: str | Path, iteration: int, extra_files: dict[str, str] | None = None) -> Path:
-    """Collective. Model (torch_dist, reshardable), optimizer state (once per tensor-parallel slice, by its first
-    data-parallel rank: resumes at the same TP size, any DP size) and RNG state (per rank), and `extra_files` (name ->
-    text, written by rank 0; the run's rollout state) in one iteration folder that appears complete or not at all."""
+    """Collective: the actor's state and `extra_files` in one iteration folder that appears complete or not at all.
+
+    The model is saved as torch_dist (reshardable). The optimizer state is saved once per tensor-parallel slice, by
+    its first data-parallel rank: it resumes at the same TP size, any DP size. The RNG state is saved per rank.
+    `extra_files` (name -> text; the run's rollout state) are written by rank 0."""
     from megatron.core import parallel_state
 
     folder = _start_save(root, iteration)

@@ -65,9 +65,10 @@ def layout_of_ranks(per_rank: list[tuple[int, int, int]], param_bytes: int) -> C
 
 
 def layout_of_shape(shape, padded_vocab: int, tp_size: int, param_bytes: int) -> CheckpointLayout:
-    """The layout a GPTModel of `shape` (a megatron_bridge ModelShape) has at `tp_size`, without building it: the
-    attention and MLP matrices, the q/k/v bias and the (padded) embedding are split over the slices, the RMSNorm
-    weights replicated."""
+    """The layout a GPTModel of `shape` (a megatron_bridge ModelShape) has at `tp_size`, without building it.
+
+    The attention and MLP matrices, the q/k/v bias and the (padded) embedding are split over the slices. The RMSNorm
+    weights are replicated."""
     h, f, hd = shape.hidden_size, shape.ffn_hidden_size, shape.head_dim
     qkv_out = (shape.num_heads + 2 * shape.num_kv_heads) * hd
     split_per_layer = h * qkv_out + (qkv_out if shape.qkv_bias else 0) + shape.num_heads * hd * h + 3 * h * f

@@ -24,8 +24,10 @@ import torch
 
 @dataclass(frozen=True)
 class CustomTIS:
-    """--custom-tis-function-path, as the loss takes it to the Megatron ranks (a Ray actor's arguments are pickled:
-    the function travels by its path and is loaded in the rank's process, the flags as the parsed namespace)."""
+    """--custom-tis-function-path, as the loss takes it to the Megatron ranks.
+
+    A Ray actor's arguments are pickled. So the function travels by its path and is loaded in the rank's process, and
+    the flags travel as the parsed namespace."""
 
     path: str  # module.function
     args: Any  # argparse.Namespace: what the function receives as `args`

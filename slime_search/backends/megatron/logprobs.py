@@ -6,8 +6,8 @@ the target's logit lives on exactly one rank and is all-reduced as a sum. Logits
 temperature first, so these are log-probs of the very distribution the engine sampled from.
 
 Megatron pads the vocabulary to a multiple of 128 x TP (Qwen2.5's 151,936 becomes 152,064 at TP=2). Those
-padded columns have logit 0, not -inf: left in, they add mass to the normaliser and shift every log-prob (by
-~8e-4 nats for the tiny test model at TP=2), so the trainer's log-probs no longer match the engine's. Passing
+padded columns have logit 0, not -inf. Left in, they add mass to the normaliser and shift every log-prob (by
+~8e-4 nats for the tiny test model at TP=2). Then the trainer's log-probs no longer match the engine's. Passing
 `vocab_size` masks them out.
 """
 

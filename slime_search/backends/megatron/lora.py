@@ -77,9 +77,10 @@ class LoRALinear(torch.nn.Module):
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
         """A torch_dist checkpoint's entries: each part sharded as the Megatron layer it is (the base as before, under
-        `base.`). A gated fc1's rows are each TP shard's gate rows then its up rows, so its weight and B are stored as
-        Megatron's MLP stores fc1 (apply_swiglu_sharded_factory: the gate halves, then the up halves) and load at any
-        TP size. (The MLP applies it to `linear_fc1.weight` only, not to the names under this wrapper.)"""
+        `base.`). A gated fc1's rows are each TP shard's gate rows then its up rows. So its weight and B are stored as
+        Megatron's MLP stores fc1 (apply_swiglu_sharded_factory: the gate halves, then the up halves). Stored so,
+        they load at any TP size. (The MLP applies that factory to `linear_fc1.weight` only, not to the names under
+        this wrapper.)"""
         from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
         from megatron.core.transformer.utils import sharded_state_dict_default
 

@@ -4,8 +4,8 @@ Everything the actor keeps between steps (parameters, the DDP gradient buffers, 
 moments) lives in a handful of storages. Offloading copies each distinct storage to host memory and shrinks it to
 zero bytes; onloading grows it back and copies the bytes in. The gradient buffers are freed without a copy and come
 back as zeros: every step zeroes them before its first backward pass, so their bytes are never read again. Views
-(parameters and `main_grad` into the DDP buffers) keep pointing at the same storage objects, so nothing has to be
-re-wired and the next step is exactly the step that would have run without the round trip.
+(parameters and `main_grad` into the DDP buffers) keep pointing at the same storage objects. So nothing has to be
+re-wired, and the next step is exactly the step that would have run without the round trip.
 """
 
 from __future__ import annotations
@@ -59,8 +59,9 @@ def gradient_tensors(ddp_model) -> list[torch.Tensor]:
 class StorageOffloader:
     """Host copies of a set of storages while their device memory is given back.
 
-    The host buffers are allocated once (pinned, for CUDA storages: fast copies both ways) and reused by every later
-    round trip of the same storages, so a step costs two copies of the actor's state, not fresh host allocations.
+    The host buffers are allocated once and reused by every later round trip of the same storages. For CUDA storages
+    they are pinned, for fast copies both ways. So a step costs two copies of the actor's state, not fresh host
+    allocations.
     """
 
     def __init__(self):

@@ -9,11 +9,11 @@
               --health-patience steps.
     rollback  any other warning held --health-patience steps in a row: back to before the streak's first step
 
-Only warnings that changed the run escalate: not standing conditions (held since the run's first step: there is no
-healthier state to go back to), and length rules only while the training reward is down too. A mismatch held since
-the first step is re-pushed all the same: an engine wrong from the start is what the probe is for. Only warnings that
-changed the run keep a checkpoint from being confirmed as a rollback target (health.policy): else a run that truncates
-from the start, or learns to search more, could never roll back to anything recent.
+Only warnings that changed the run escalate. Standing conditions do not: held since the run's first step, they leave
+no healthier state to go back to. Length rules escalate only while the training reward is down too. A mismatch held
+since the first step is re-pushed all the same: an engine wrong from the start is what the probe is for. Only warnings
+that changed the run keep a checkpoint from being confirmed as a rollback target (health.policy). Else a run that
+truncates from the start, or learns to search more, could never roll back to anything recent.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ against the run's own step-to-step noise.
 
 Chance: the best of M independent window means is high by about sqrt(2 ln M) of their standard errors. The current one
 may be low by Z more (DOWN_Z, DROP_Z). The standard error is the per-step standard deviation of the reward over
-sqrt(width). That deviation comes from the reward's second differences over the last 5 x --health-window steps:
-r[t] - 2 r[t-1] + r[t-2] has variance 6 sd^2 for independent noise, and none from a steady rise or fall. Their median
-is taken, so that a jump or a kink does not count as noise. The state is the run's rewards in order.
+sqrt(width). That deviation comes from the reward's second differences over the last 5 x --health-window steps.
+For independent noise r[t] - 2 r[t-1] + r[t-2] has variance 6 sd^2, and a steady rise or fall adds none to it. Their
+median is taken, so that a jump or a kink does not count as noise. The state is the run's rewards in order.
 """
 
 from __future__ import annotations

@@ -48,8 +48,10 @@ class UpdateRefusals:
         return [Event(step, "refuse", rule, message, values)]
 
     def skip_above(self, history: list[dict[str, Any]]) -> float | None:
-        """The gradient norm above which an update is refused: --health-grad-spike x the median of the recent applied
-        steps' (None until there are `spike_baseline_steps` of them), or x the median of a new level's refused ones."""
+        """The gradient norm above which an update is refused, or None.
+
+        It is --health-grad-spike x the median of the recent applied steps' norms, None until there are
+        `spike_baseline_steps` of them. Or it is --health-grad-spike x the median of a new level's refused norms."""
         spike = self.config.grad_spike
         norms = [norm for _, norm in self.refused]
         if len(norms) >= LEVEL_SHIFT_REFUSALS and max(norms) <= spike * min(norms):
