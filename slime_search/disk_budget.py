@@ -10,10 +10,10 @@ many can be on disk at once, with --keep-checkpoints N > 0 (`RunFolder.prune_che
   checkpoints/undone/ (`RunFolder._prune_undone`);
 - with evaluation beside training (--eval-engine), the 2 versions being evaluated and waiting to be
   (`BesideEval.pending_versions`).
-That is 2N + 4 + R with the guard, where R is --max-rollbacks: 10 for the defaults N = 2, R = 2. It is N + 1 without
-the guard. With --eval-engine there are 2 more. The recipe-shaped weeks of `benchmarks.studies.guard_week` peaked
-at 10, and at 11 of 12 with --eval-engine. With N = 0 every checkpoint stays: as many as the run saves (more when a
-rollback redoes steps). HF copies (--save-hf) come on top.
+That is 2N + 4 + R with the guard, where R is --max-rollbacks: 10 for the defaults N = 2, R = 2. It is N + 1 without the
+guard. With --eval-engine there are 2 more. The peaks the recipe-shaped weeks of `benchmarks.studies.guard_week` reached
+are in docs/benchmarks/health.md. With N = 0 every checkpoint stays: as many as the run saves (more when a rollback
+redoes steps). HF copies (--save-hf) come on top.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Megatron-core imported with its fused functions compiled when first called rather than when decorated.
 
 Megatron-core decorates its fused functions (bias-GeLU, bias-SwiGLU, bias-dropout-add, ...) with `torch.compile` at
-import. Decorating imports TorchDynamo and Inductor. That costs about 2.3 s of CPU in every process that imports
-Megatron, and more at exit. Each rank of every run pays it, although the CPU recipe calls no fused function.
-`torch.compile` compiles on the first call anyway. So deferring the decoration to that call changes only when the
-compiler is imported. A fused function that does run is compiled exactly as before, with the same arguments.
+import. Decorating imports TorchDynamo and Inductor. That costs seconds of CPU (docs/benchmarks/test_suite.md) in every
+process that imports Megatron, and more at exit. Each rank of every run pays it, although the CPU recipe calls no fused
+function. `torch.compile` compiles on the first call anyway. So deferring the decoration to that call changes only when
+the compiler is imported. A fused function that does run is compiled exactly as before, with the same arguments.
 """
 
 from __future__ import annotations
