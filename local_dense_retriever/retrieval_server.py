@@ -283,11 +283,11 @@ def create_app(service: RetrievalService):
 def encoder_threads(requested: int | None, asked: str, runtime: str, cores: int) -> tuple[int, int]:
     """(torch's threads, ONNX Runtime's) for the query encoder: `requested` (--encoder-threads) for both when given;
     else ONNX Runtime gets one per core this process may use, its idle threads told not to spin. With two it served
-    1.2-1.5x the queries of one beside 256 clients on two cores. Torch gets one thread when asked for by name (`asked`,
-    --encoder-runtime torch). A team of torch threads meets at a barrier after every operation. On cores that other
-    processes share, one preempted member stalls the rest: one thread held up where two collapsed. Where "auto" falls
-    back to torch (ONNX Runtime not installed) torch takes the cores: one thread would serve a GPU node's many cores at
-    a fraction of their speed."""
+    1.2-1.5x the queries of one beside 256 clients on two cores (docs/benchmarks/retrieval.md). Torch gets one thread
+    when asked for by name (`asked`, --encoder-runtime torch). A team of torch threads meets at a barrier after every
+    operation. On cores that other processes share, one preempted member stalls the rest: one thread held up where two
+    collapsed. Where "auto" falls back to torch (ONNX Runtime not installed) torch takes the cores: one thread would
+    serve a GPU node's many cores at a fraction of their speed."""
     if requested is not None:
         return requested, requested
     if runtime == "torch" and asked == "auto":
