@@ -4,14 +4,14 @@ The rollout engine (SGLang) and the trainer (Megatron) compute slightly differen
 tokens (kernels, precision, batching). Two corrections are offered:
 
 - vanilla TIS: w = clamp(exp(logp_old - logp_rollout), 0, C) per token (truncated importance sampling);
-- MIS, the general form: the log-ratio is taken per token, per sequence (sum) or as a geometric mean
-  (per-sequence mean), then truncated to [0, U], clipped to [L, U], or used as a mask (tokens outside [L, U]
-  leave the loss); optional rejection sampling with its own level and bounds; a veto that drops any sequence
-  with a catastrophically unlikely token; and normalisation of the weights to mean 1.
+- MIS, the general form. The log-ratio is taken per token, per sequence (sum) or as a geometric mean
+  (per-sequence mean). It is then truncated to [0, U], clipped to [L, U], or used as a mask: tokens outside
+  [L, U] leave the loss. Rejection sampling is optional and has its own level and bounds. A veto drops any
+  sequence with a catastrophically unlikely token. The weights can be normalised to mean 1.
 
-Normalisation must see the whole global batch, not one micro-batch: the weights depend only on the old and
-rollout log-probs, so the trainer computes them once per step, all-reduces `is_batch_stats` across ranks and
-passes the result as `normalize_with`.
+Normalisation must see the whole global batch, not one micro-batch. The weights depend only on the old and
+rollout log-probs. So the trainer computes them once per step and all-reduces `is_batch_stats` across ranks.
+It passes the result as `normalize_with`.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str)
       k1 = log_ratio                         unbiased, high variance, can be negative
       k2 = log_ratio**2 / 2                  biased, low variance
       k3 = exp(-log_ratio) - 1 + log_ratio   unbiased, >= 0 ("low_var_kl"), clamped to [-10, 10]
+
     The clamp keeps one token with a collapsed reference probability from dominating the loss. Before exp the log-ratio
     is clamped to +-20, as verl does. k3 is at its clamp of 10 long before that, so no value changes. But
     exp(-log_ratio) no longer overflows float32 when the reference is ~89 nats above the policy. That overflow made the

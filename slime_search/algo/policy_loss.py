@@ -28,11 +28,13 @@ def policy_loss(
 
     ratio = exp(logp - logp_old)
     loss  = max(-A * ratio, -A * clip(ratio, 1 - eps_clip, 1 + eps_clip_high))
-    dual clip (eps_clip_c > 1, only where A < 0): loss = min(loss, -A * eps_clip_c), which bounds how much a
-    token with a huge ratio and a negative advantage can push.
-    The log-ratio is clamped to +-LOG_RATIO_BOUND (verl's 20) before exp: beyond it exp overflows float32 (at ~88.7)
-    and one such token, even a masked one, turned the step's loss and gradient into inf * 0 = NaN; now it gets no
-    gradient (it moved e^20-fold in one step already).
+
+    Dual clip (eps_clip_c > 1, only where A < 0): loss = min(loss, -A * eps_clip_c). It bounds how much a token with
+    a huge ratio and a negative advantage can push.
+
+    The log-ratio is clamped to +-LOG_RATIO_BOUND (verl's 20) before exp. Beyond ~88.7, exp overflows float32. One
+    such token, even a masked one, would turn the step's loss and gradient into inf * 0 = NaN. With the clamp, such a
+    token gets no gradient. It has already moved e^20-fold in one step.
     """
     if eps_clip_high is None:
         eps_clip_high = eps_clip

@@ -1,6 +1,8 @@
-"""LoRA adapters served by the CPU engine as SGLang serves them: loaded by name (from tensors, as
-/load_lora_adapter_from_tensors sends them, or from a PEFT folder), unloaded by name, and asked for by a /generate
-request's `lora_path`; a request that names none is answered by the base model.
+"""LoRA adapters served by the CPU engine as SGLang serves them.
+
+An adapter is loaded by name, from tensors (as /load_lora_adapter_from_tensors sends them) or from a PEFT folder. It
+is unloaded by name. A /generate request asks for it by its `lora_path`. A request that names none is answered by
+the base model.
 
 The CPU engine answers a request that names an adapter with a copy of its model that has the adapter folded in
 (W + lora_alpha / r x B A, PEFT's LoRA). The copy is made at load and made again when the base weights change. It

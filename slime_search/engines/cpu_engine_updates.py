@@ -1,7 +1,12 @@
-"""The CPU engine server's weight-update endpoints, as SGLang answers them: the weight-update session that tensor and
-distributed updates must sit in, tensor handles over shared memory (/update_weights_from_tensor), and broadcast over
-a gloo group the trainer hosts (/init_weights_update_group, /update_weights_from_distributed,
-/destroy_weights_update_group). Each update runs on the engine's worker, between batches."""
+"""The CPU engine server's weight-update endpoints, as SGLang answers them.
+
+- the weight-update session that tensor and distributed updates must sit in;
+- tensor handles over shared memory (/update_weights_from_tensor);
+- broadcast over a gloo group the trainer hosts (/init_weights_update_group, /update_weights_from_distributed,
+  /destroy_weights_update_group).
+
+Each update runs on the engine's worker, between batches.
+"""
 
 # No `from __future__ import annotations`: FastAPI resolves the handlers' annotations at run time.
 import asyncio

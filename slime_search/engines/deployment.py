@@ -1,10 +1,13 @@
-"""Which engines serve a run, starting them, and starting again one that died: SGLang engines behind SGLang's router on
-GPUs, CPU engine servers on a CPU machine, or an engine already running at a given address.
+"""Which engines serve a run, starting them, and starting again one that died.
 
-An engine that has exited or does not answer a one-token generation in time is found by `find_down` and started again
-on its own address (`restart`, then `wait_restarted`); it serves the checkpoint it was started from until the next
-weight push, which the driver makes before it gets any request. While it is down, the router (when there is one) has
-it taken out of its rotation, and it is registered again once back. An engine given by address is never restarted.
+The engines are SGLang engines behind SGLang's router on GPUs, CPU engine servers on a CPU machine, or an engine
+already running at a given address.
+
+An engine that has exited or does not answer a one-token generation in time is found by `find_down`. It is started
+again on its own address (`restart`, then `wait_restarted`). It serves the checkpoint it was started from until the
+next weight push. The driver makes that push before the engine gets any request. While it is down, the router (when
+there is one) has it taken out of its rotation, and it is registered again once back. An engine given by address is
+never restarted.
 """
 
 from __future__ import annotations

@@ -105,9 +105,12 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
 
 def seeded_uniform(seed: int, position: int) -> float:
     """The uniform draw of a request with `sampling_seed` for the token at `position` (tokens before it in its
-    sequence). As SGLang's seeded sampling (deterministic inference) draws from (seed, position), a request draws the
-    same tokens from the same logits whichever requests share its batch and however its trajectory is split into
-    turns or retracted and continued."""
+    sequence).
+
+    The draw comes from (seed, position), as in SGLang's seeded sampling (deterministic inference). So a request draws
+    the same tokens from the same logits whichever requests share its batch. The same holds however its trajectory is
+    split into turns or retracted and continued.
+    """
     # splitmix64's finaliser over (seed, position): a few integer operations per token, no generator object
     mask = (1 << 64) - 1
     z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & mask
@@ -132,8 +135,8 @@ def sample_tokens(
     The log-prob is log softmax(logits / T)[token] over the full vocabulary, the quantity the trainer recomputes
     from its own logits at the same temperature (top-p / top-k only restrict which tokens can be drawn). Greedy
     rows (T = 0) take the argmax and report log softmax(logits) at T = 1. A batch of greedy rows only draws no random
-    number: an evaluation between training steps leaves the engine's sampling stream as it was, so a run evaluated
-    inside its steps trains as the same run evaluated beside them.
+    number. So an evaluation between training steps leaves the engine's sampling stream as it was. A run evaluated
+    inside its steps then trains as the same run evaluated beside them.
     """
     logits = logits.float()
     greedy = temperature <= 0

@@ -105,8 +105,11 @@ def engine_specs(
 
 
 def router_command(host: str, port: int, metrics_port: int) -> list[str]:
-    """The router's metrics on a port of their own on `host`: its default, 29000 on every interface, is taken by the
-    first router on a machine, and a second (another run, or this one's restarted) would exit at start."""
+    """The router's metrics on a port of their own on `host`.
+
+    The router's default is 29000 on every interface. The first router on a machine takes it. A second one (another
+    run, or this one's restarted) would then exit at start.
+    """
     return [
         "-m",
         "sglang_router.launch_router",

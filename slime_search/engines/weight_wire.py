@@ -46,8 +46,8 @@ def join_weight_update_group(
 ):
     """Join (or, as rank 0, host) the weight-update process group; blocks until all `world_size` ranks joined.
 
-    The group is created the way SGLang creates its side of it (a rendezvous store under a `group_name` prefix and a
-    process group that is not torch's default one), so the trainer can join it next to Megatron's own groups.
+    The group is created the way SGLang creates its side of it. That is a rendezvous store under a `group_name` prefix
+    and a process group that is not torch's default one. So the trainer can join it next to Megatron's own groups.
     """
     from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
 
@@ -104,10 +104,13 @@ def serialize_named_tensors(named_tensors: list[tuple[str, torch.Tensor]] | dict
 
 def tensor_bucket_payload(named_tensors: list[tuple[str, torch.Tensor]]) -> tuple[str, str | None, Any]:
     """One rank's /update_weights_from_tensor entry for a bucket, its `load_format`, and what must stay alive until the
-    engine has answered. CUDA tensors go as one flattened bucket (SGLang's "flattened_bucket": a single IPC handle
-    per bucket rather than one per tensor, which the engine would otherwise open hundreds of times per push); CPU
-    tensors as a list of (name, tensor) in shared memory, which SGLang reads as it is and the CPU engine reads (a
-    flattened bucket is pickled with SGLang's own classes, which a trainer without SGLang cannot load)."""
+    engine has answered.
+
+    CUDA tensors go as one flattened bucket (SGLang's "flattened_bucket"). That is a single IPC handle per bucket
+    rather than one per tensor, which the engine would otherwise open hundreds of times per push. CPU tensors go as a
+    list of (name, tensor) in shared memory. SGLang reads that list as it is, and so does the CPU engine. A flattened
+    bucket, by contrast, is pickled with SGLang's own classes, which a trainer without SGLang cannot load.
+    """
     if any(t.is_cuda for _, t in named_tensors):
         from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 

@@ -1,7 +1,7 @@
 """Prompt data for rollouts: Search-R1 parquet or jsonl rows, a seeded epoch order, and a resumable position.
 
-The order of epoch e is a permutation drawn from a generator seeded with (seed, e): no global RNG is touched,
-and resuming at (epoch, offset) reproduces exactly the prompts an uninterrupted run would have taken. Prompts given
+The order of epoch e is a permutation drawn from a generator seeded with (seed, e). No global RNG is touched.
+Resuming at (epoch, offset) reproduces exactly the prompts an uninterrupted run would have taken. Prompts given
 back (taken by a rollout that a checkpoint cut off before training on it) are served first, in their order.
 """
 

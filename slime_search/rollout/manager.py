@@ -41,12 +41,15 @@ class RolloutBatch:
 
 
 def plugin_args_for(args: Any, engines, served_adapter: str | None = None) -> argparse.Namespace:
-    """What the plugins receive as `args`: the parsed flags, one address for /generate (`engine_url`: the router in
-    front of several engines, or the one engine; also as slime's `sglang_router_ip` and `sglang_router_port`, which
-    slime's plugins read), every engine's own (`engine_urls`, for a plugin that spreads its trajectories over
-    them) and the adapter the engines serve the policy as (`lora_path`, SGLang's /generate field; None when they
-    serve it as plain weights), which every /generate must name; a new namespace: the parsed flags themselves are
-    never changed."""
+    """What the plugins receive as `args`, in a new namespace.
+
+    The namespace holds the parsed flags, which themselves are never changed. It adds one address for /generate,
+    `engine_url`: the router in front of several engines, or the one engine. That address is also given as slime's
+    `sglang_router_ip` and `sglang_router_port`, which slime's plugins read. `engine_urls` holds every engine's own
+    address, for a plugin that spreads its trajectories over them. `lora_path` (SGLang's /generate field) names the
+    adapter the engines serve the policy as, and every /generate must name it. It is None when the engines serve
+    the policy as plain weights.
+    """
     from urllib.parse import urlsplit
 
     address = urlsplit(engines.url)
@@ -286,8 +289,11 @@ class RolloutManager:
 
     # ---- engines and state -------------------------------------------------------------------------------------
     def release_memory(self, tags: list[str] | None = None) -> None:
-        """Every engine gives back the memory of `tags` to a colocated trainer (all of it by default), each once it is
-        idle: SGLang's whole process exits on a release while a request is running or waiting."""
+        """Every engine gives back the memory of `tags` to a colocated trainer (all of it by default).
+
+        Each engine does so once it is idle. SGLang's whole process exits on a release while a request is running or
+        waiting.
+        """
         from slime_search.engines.client import on_every_engine, release_memory_when_idle
 
         asyncio.run(on_every_engine(self.engines.worker_urls, lambda url: release_memory_when_idle(url, tags)))

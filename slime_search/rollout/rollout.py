@@ -68,8 +68,11 @@ def fail(sample: Sample, reason: str, message: str) -> None:
 
 
 async def score(args, sample: Sample, reward: RewardFn, key: str) -> None:
-    """Reward a generated sample, or fail it: engine log-probs that are not finite, a reward that is not a finite
-    number, or a reward plugin that raised (a judge endpoint timing out) never reach the advantages."""
+    """Reward a generated sample, or fail it.
+
+    Some results never reach the advantages: engine log-probs that are not finite, a reward that is not a finite
+    number, or a reward plugin that raised (a judge endpoint timing out).
+    """
     if not math.isfinite(sum(sample.rollout_log_probs)):  # one C-level pass; a NaN or inf anywhere survives the sum
         bad = sum(not math.isfinite(lp) for lp in sample.rollout_log_probs)
         fail(sample, "nonfinite_logprob", f"the engine returned {bad} log-probs that are not finite")
@@ -141,9 +144,11 @@ def has_signal(group: list[Sample], key: str) -> bool:
 
 
 def dropped_for_no_signal(group: list[Sample], key: str) -> bool:
-    """--filter-zero-std's test: a group whose rewards are all equal teaches nothing and makes room for another. A
-    group with a failed sample (a search or reward that failed) is kept whatever its rewards: its failures must reach
-    the health checks, or an outage would look like groups without signal and be refilled without end."""
+    """--filter-zero-std's test: a group whose rewards are all equal teaches nothing and makes room for another.
+
+    A group with a failed sample (a search or reward that failed) is kept whatever its rewards. Its failures must
+    reach the health checks. Otherwise an outage would look like groups without signal and be refilled without end.
+    """
     return not has_signal(group, key) and not any(s.status is Status.FAILED for s in group)
 
 

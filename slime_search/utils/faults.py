@@ -3,7 +3,7 @@ busy or failing on its side. One that would come back on every try is a bug: a T
 disk that is full or over its quota is told apart too.
 
 The reward plugins and search clients a run loads use whichever HTTP library they like (aiohttp, httpx, requests, an
-SDK), so the test is by what the exception says about itself, along its chain of causes:
+SDK). So the test is by what the exception says about itself, along its chain of causes:
 - a `transient` attribute that is a bool (a plugin's own word) decides;
 - the built-in TimeoutError and ConnectionError (refused, reset, aborted, broken pipe), and an OSError whose errno is a
   network one (aiohttp's connector errors carry it);

@@ -1,6 +1,9 @@
-"""Weight sync through the disk: rank 0 writes an HF checkpoint (safetensors + the original config and tokenizer)
-into a fresh folder, renames it into place, and every engine loads it through `/update_weights_from_disk` with the
-new weight_version. Works with every engine and placement; only the newest copy is kept."""
+"""Weight sync through the disk.
+
+Rank 0 writes an HF checkpoint (safetensors + the original config and tokenizer) into a fresh folder. It renames the
+folder into place. Every engine loads it through `/update_weights_from_disk` with the new weight_version. This works
+with every engine and placement. Only the newest copy is kept.
+"""
 
 from __future__ import annotations
 

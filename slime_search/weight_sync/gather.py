@@ -1,5 +1,8 @@
-"""The actor's tensor-parallel shards gathered into full weights: the whole Megatron state at once (for a disk copy),
-or streamed under HF names in buckets, one conversion unit at a time (for the broadcast and tensor-handle pushes)."""
+"""The actor's tensor-parallel shards gathered into full weights.
+
+For a disk copy, the whole Megatron state is gathered at once. For the broadcast and tensor-handle pushes, the weights
+are streamed under HF names in buckets, one conversion unit at a time.
+"""
 
 from __future__ import annotations
 
@@ -37,9 +40,12 @@ def gather_full_megatron_state(local_state: dict[str, torch.Tensor]) -> dict[str
 def iter_hf_buckets(
     local_state: dict[str, torch.Tensor], shape: ModelShape, te_names: bool, bucket_bytes: int
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """The full weights under HF names in buckets of about `bucket_bytes`, gathered and converted one unit (the
-    embedding, a decoder layer, the head) at a time: a rank holds one bucket and one unit, never the whole model.
-    Collective over the tensor-parallel group: every rank of the group must draw the same buckets in step."""
+    """The full weights under HF names in buckets of about `bucket_bytes`.
+
+    They are gathered and converted one unit (the embedding, a decoder layer, the head) at a time. A rank holds one
+    bucket and one unit, never the whole model. The call is collective over the tensor-parallel group: every rank of
+    the group must draw the same buckets in step.
+    """
 
     def hf_tensors():
         for unit in megatron_conversion_units(local_state):

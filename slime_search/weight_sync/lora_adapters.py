@@ -2,15 +2,15 @@
 
 Under LoRA only the adapters change, so a push can carry them alone: at the 3B shape about 0.12 GB against 6.2 GB for the
 weights with the adapters folded in (docs/benchmarks/lora.md). Actor rank 0 gathers them under PEFT's names into host
-shared memory (`WeightSyncRank.adapter_payload`), and every engine loads them through
-/load_lora_adapter_from_tensors under one name (`LoraConfig.served_adapter`), which every /generate names in its
-`lora_path`. Each push unloads the adapter of that name and loads the new one; no request is in flight then
-(synchronous and one-step modes drain the rollout before a push), so none meets the name missing. Then
-/update_weight_version sets the version the engines report, as the other transports' last bucket does.
+shared memory (`WeightSyncRank.adapter_payload`). Every engine loads them through /load_lora_adapter_from_tensors
+under one name (`LoraConfig.served_adapter`). Every /generate names it in its `lora_path`. Each push unloads the
+adapter of that name and loads the new one. No request is in flight then: synchronous and one-step modes drain the
+rollout before a push. So no request meets the name missing. Then /update_weight_version sets the version the engines
+report, as the other transports' last bucket does.
 
 The engines load the HF folder's weights, and the adapters sit on them. An actor whose frozen base came from --load (a
-torch_dist folder: an SFT run's, say) may hold another base, so its first push, and the first after engines restart,
-carries the base alone through --update-weight-transport before the adapters (`push_base_first`).
+torch_dist folder: an SFT run's, say) may hold another base. So its first push carries the base alone through
+--update-weight-transport before the adapters (`push_base_first`). So does the first push after engines restart.
 
 The engines must serve LoRA up to the adapters' rank: SGLang with LoRA on (`run_config.sglang_lora_args` for the
 engines this project starts), or the CPU engine server, which always serves it. `connect` checks each one's
