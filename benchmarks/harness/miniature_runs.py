@@ -7,9 +7,10 @@ A run folder holds `metrics.jsonl` (one record per step and per evaluation), `he
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+
+from slime_search.utils.records import read_records
 
 WIDE_EVAL = "wide_eval.json"  # in each run's folder: its final weights' metrics on all held-out questions
 # The run script's settings for a smoke run: every phase runs, a few steps each, on a tiny task.
@@ -39,8 +40,8 @@ def script_env(run_dir: Path, smallest: bool, **settings: str) -> dict[str, str]
 
 
 def records(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    """The run's metrics records (none before its first step)."""
+    return read_records(run / "metrics.jsonl")
 
 
 def run_name(mode: str, lr: str | None, replica: int = 0) -> str:
@@ -62,8 +63,8 @@ def run_flags(mode: str, max_staleness: int, seed: int, replica: int, extra: str
 
 
 def health_events(run: Path) -> list[dict]:
-    path = run / "health.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    """The guard's events of the run (none when it raised none)."""
+    return read_records(run / "health.jsonl")
 
 
 def stopped(run: Path) -> bool:
