@@ -132,13 +132,13 @@ def test_the_guard_knows_lora_adapters_start_from_zero():
 
 
 def test_a_warning_that_holds_patience_steps_rolls_back_to_before_it_began():
-    guard = HealthGuard(HealthConfig(patience=3, entropy_low=0.1))
+    guard = HealthGuard(HealthConfig(patience=3, entropy_high=3.0))
     for step in range(5):
         assert guard.review(step, step_record(step, entropy=1.0)) == []
-    actions = [[e.action for e in guard.review(step, step_record(step, entropy=0.05))] for step in range(5, 8)]
+    actions = [[e.action for e in guard.review(step, step_record(step, entropy=5.0))] for step in range(5, 8)]
     assert actions == [["warn"], ["warn"], ["warn", "rollback"]]
-    rollback = guard.review(8, step_record(8, entropy=0.05))[-1]
-    assert rollback.rule == "entropy_collapse" and rollback.values["roll_back_before"] == 5  # the streak's first step
+    rollback = guard.review(8, step_record(8, entropy=5.0))[-1]
+    assert rollback.rule == "entropy_explosion" and rollback.values["roll_back_before"] == 5  # the streak's first step
     # a checkpoint (steps done) qualifies when the step that made it and the 3 after it were clean: 2 (steps 1-4);
     # not 4, whose third step after it (5) warned
     assert guard.policy.target([2, 4, 6], before=5) == 2
@@ -294,14 +294,14 @@ def test_without_the_guard_only_hard_stops_and_skips_remain():
 
 def test_a_replayed_guard_decides_as_the_one_that_ran():
     config = HealthConfig(patience=3, grad_spike=5.0)
-    records = [step_record(s, entropy=1.0 if s < 5 else 0.05, grad_norm=1.0 + s) for s in range(7)]
+    records = [step_record(s, entropy=1.0 if s < 5 else 5.0, grad_norm=1.0 + s) for s in range(7)]
     live = HealthGuard(config)
     for record in records:
         live.review(record["step"], record)
     replayed = HealthGuard(config)
     replayed.replay([*records, {"step": 7, "eval/score": 0.5, "time/eval_s": 1.0}], rollback_steps=[3])
     assert replayed.rollbacks == 1 and replayed.skip_above() == live.skip_above()
-    following = step_record(7, entropy=0.05)
+    following = step_record(7, entropy=5.0)
     assert [e.action for e in replayed.review(7, dict(following))] == [e.action for e in live.review(7, following)]
 
 
@@ -481,7 +481,7 @@ def test_a_stopped_run_ends_on_the_best_evaluated_checkpoint_before_the_trouble(
     warned."""
     guard = HealthGuard(HealthConfig(confirm_steps=3))
     for step in range(4, 14):  # warnings from step 8 on: checkpoint 6's confirmation window (6-8) is not clean
-        guard.review(step, step_record(step, entropy=0.01 if step >= 8 else 1.0))
+        guard.review(step, step_record(step, entropy=5.0 if step >= 8 else 1.0))
     kept = [4, 6, 8, 10, 12]
     assert guard.policy.target(kept, before=11) == 4  # no evaluation yet: only confirmation counts
     evaluated(guard, [(4, 0.594, 0.7), (6, 0.703, 0.8), (8, 0.656, 0.75), (10, 0.578, 0.7), (12, 0.531, 0.6)])

@@ -10,7 +10,7 @@
     rollback  any other warning held --health-patience steps in a row: back to before the streak's first step
 
 Only warnings that changed the run escalate. Standing conditions do not: held since the run's first step, they leave
-no healthier state to go back to. Length rules escalate only while the training reward is down too. A mismatch held
+no healthier state to go back to. The entropy's fall and the length rules escalate only while the training reward is down too. A mismatch held
 since the first step is re-pushed all the same: an engine wrong from the start is what the probe is for. Only warnings
 that changed the run keep a checkpoint from being confirmed as a rollback target (health.policy). Else a run that
 truncates from the start, or learns to search more, could never roll back to anything recent.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from slime_search.health.config import HealthConfig
 from slime_search.health.events import BEFORE, Event
-from slime_search.health.rules.bounds import ENGINE_RULES, LENGTH_RULES
+from slime_search.health.rules.bounds import ENGINE_RULES, REWARD_GATED_RULES
 
 
 class Escalation:
@@ -34,7 +34,7 @@ class Escalation:
         return [
             rule
             for rule, n in streaks.items()
-            if step - n + 1 > first_step and (rule not in LENGTH_RULES or reward_down)
+            if step - n + 1 > first_step and (rule not in REWARD_GATED_RULES or reward_down)
         ]
 
     def streaks_with(self, warned: set[str]) -> dict[str, int]:
