@@ -81,7 +81,8 @@ class HealthConfig:
     )
     entropy_low: float = flag(
         0.05,
-        "warn when the policy's entropy falls below this times its value at the run's first step (collapse)",
+        "warn when the policy's entropy falls below this times its value at the run's first step while the training "
+        "reward is down (collapse); a surer policy with its reward up has learned",
         name="--health-entropy-low",
         type=positive_float,
     )

@@ -1,9 +1,10 @@
 """The entropy's fall warns only with the training reward down: a policy sure of answers it gets right has learned.
 
 The curves are the miniature's, seed 9 at lr 5e-4 (docs/benchmarks/health.md, "The entropy rule tied to the reward"):
-the entropy per step as a share of its first step's, and the training reward per step. Each run ended with held-out
-EM 0.99 or more on 600 questions; under the rule as it was, they warned `entropy_collapse` 12 and 11 times and were
-rolled back or stopped on it.
+the entropy per step as a share of its first step's, and the training reward per step. Both were learning: held-out
+EM rose to 1.0 on the 64 questions drawn. Under the rule as it was, each warned `entropy_collapse` 11 times before its
+first rollback; the synchronous run was rolled back and ended at 0.995 on all 600, the one-step run was stopped and
+its weights scored 0.965.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@
     rollback  any other warning held --health-patience steps in a row: back to before the streak's first step
 
 Only warnings that changed the run escalate. Standing conditions do not: held since the run's first step, they leave
-no healthier state to go back to. The entropy's fall and the length rules escalate only while the training reward is down too. A mismatch held
-since the first step is re-pushed all the same: an engine wrong from the start is what the probe is for. Only warnings
+no healthier state to go back to. The entropy's fall and the length rules escalate only while the training reward
+is down too. A mismatch held since the first step is re-pushed all the same: an engine wrong from the start is what
+the probe is for. Only warnings
 that changed the run keep a checkpoint from being confirmed as a rollback target (health.policy). Else a run that
 truncates from the start, or learns to search more, could never roll back to anything recent.
 """
