@@ -206,6 +206,47 @@ def test_one_step_without_reward_signal_passes_and_a_constant_reward_or_a_second
     assert event.rule == "no_reward_signal" and "a constant reward?" in event.message
 
 
+def test_a_step_with_every_sample_right_at_the_top_of_a_run_whose_rewards_varied_passes():
+    def step(n, mean, std, zero_std_share):
+        extra = {"rollout/reward_std": std, "rollout/zero_std_group_share": zero_std_share}
+        return step_record(n, reward=mean, **extra)
+
+    # seed 9 of the miniature, off-policy replica 2 (held-out EM 1.0): (reward mean, std, share of groups alike)
+    curve = [
+        (0.219, 0.413, 0.25),
+        (0.438, 0.496, 0.0),
+        (0.609, 0.488, 0.0),
+        (0.781, 0.413, 0.0),
+        (0.953, 0.211, 0.625),
+        (0.844, 0.363, 0.625),
+        (0.984, 0.124, 0.875),
+        (0.781, 0.413, 0.375),
+        (0.938, 0.242, 0.625),
+        (0.938, 0.242, 0.625),
+        (1.0, 0.0, 1.0),
+        (0.938, 0.242, 0.625),
+        (1.0, 0.0, 1.0),
+        (0.938, 0.242, 0.625),
+    ]
+    guard = HealthGuard(HealthConfig())
+    assert [e for n, values in enumerate(curve) for e in guard.review(n, step(n, *values))] == []
+    # a second such step in a row has nothing to learn from either, and says so
+    [second] = guard.review(14, step(14, 1.0, 0.0, 1.0)) + guard.review(15, step(15, 1.0, 0.0, 1.0))
+    assert second.step == 15 and "two steps in a row" in second.message
+    # every sample alike below the run's best is a reward that broke: it warns at its first step
+    broken = HealthGuard(HealthConfig())
+    for n, values in enumerate(curve[:10]):
+        broken.review(n, step(n, *values))
+    [event] = broken.review(10, step(10, 0.0, 0.0, 1.0))
+    assert "a constant reward?" in event.message
+    # and a reward of 1.0 from the first step on never varied: that is a constant reward too
+    always_right = HealthGuard(HealthConfig())
+    [event] = always_right.review(0, step(0, 1.0, 0.0, 1.0))
+    assert "a constant reward?" in event.message
+    [event] = always_right.review(1, step(1, 1.0, 0.0, 1.0))
+    assert "a constant reward?" in event.message
+
+
 def test_a_reward_drop_rolls_back_to_before_the_newest_window_near_the_best():
     guard = HealthGuard(HealthConfig(window=4, reward_drop=0.3))  # window means over 2 steps
     rewards = [0.2, 0.6, *[0.8] * 8, 0.7, 0.5, 0.3]

@@ -98,14 +98,26 @@ def signal_warnings(
 def no_reward_signal(metrics: dict[str, Any], history: list[dict[str, Any]]) -> str | None:
     """Why no group's rewards differ, when that calls for a look: every sample rewarded alike (a constant reward), or
     a second step in a row with no signal. One such step of groups all right or all wrong is chance near a plateau
-    (seed 8 of the miniature, 8 prompts at reward 0.88, one in 20 steps) and passes."""
+    (seed 8 of the miniature, 8 prompts at reward 0.88, one in 20 steps) and passes. So does one step where every
+    sample earns the best reward of a run whose rewards varied before: that policy answers all its prompts."""
     if num(metrics, "rollout/zero_std_group_share") != 1.0:
         return None
-    if num(metrics, "rollout/reward_std") == 0.0:
+    if num(metrics, "rollout/reward_std") == 0.0 and not saturated(metrics, history):
         return "every sample's reward is the same (a constant reward?): the step learns nothing"
     if history and num(history[-1], "rollout/zero_std_group_share") == 1.0:
         return "no group's rewards differ, two steps in a row: the steps learn nothing"
     return None
+
+
+def saturated(metrics: dict[str, Any], history: list[dict[str, Any]]) -> bool:
+    """Whether a step with every sample alike is a policy at the top of its run rather than a constant reward: earlier
+    steps' rewards varied, and this step's mean is at or above each of theirs. A constant reward shows from step 0."""
+    earlier = [(num(h, "rollout/reward_mean"), num(h, "rollout/reward_std")) for h in history]
+    earlier = [(mean, std) for mean, std in earlier if mean is not None and std is not None]
+    mean = num(metrics, "rollout/reward_mean")
+    if mean is None or not any(std > 0 for _, std in earlier):
+        return False
+    return all(mean >= m for m, _ in earlier)
 
 
 def policy_jump(step: int, metrics: dict[str, Any], c: HealthConfig) -> list[Event]:
