@@ -164,20 +164,14 @@ def check_lora(lora: LoraConfig, cluster: ClusterConfig, args: argparse.Namespac
 
         read_peft_adapters(lora.lora_adapter_path, lora)
     if lora.lora_sync_from_tensor:
-        check_adapter_sync(cluster, args)
+        check_adapter_sync(args)
 
 
-def check_adapter_sync(cluster: ClusterConfig, args: argparse.Namespace) -> None:
+def check_adapter_sync(args: argparse.Namespace) -> None:
     """--lora-sync-from-tensor replaces the engines' adapter at each push.
 
-    No request may be in flight then, and the engines must keep their base weights. Each engine's LoRA serving is
-    checked when the run connects to it."""
-    if cluster.colocate:
-        raise ValueError(
-            "--lora-sync-from-tensor with --colocate is not supported: colocated engines give their base weights up "
-            "while the actor trains, and only the adapters would come back (drop --lora-sync-from-tensor: each push "
-            "then carries the weights with the adapters folded in)"
-        )
+    No request may be in flight then. The engines keep their base weights, also colocated ones (ray.colocation).
+    Each engine's LoRA serving is checked when the run connects to it."""
     if args.async_mode == "fully":
         raise ValueError(
             "--lora-sync-from-tensor with --async-mode fully is not supported: requests paused across a push name "

@@ -151,6 +151,11 @@ def test_the_3b_run_script_colocated():
     args = parse_args(out.splitlines()[2:])
     assert (args.colocate, args.rollout_num_gpus, weight_transport(args)) == (True, 0, "tensor")
     assert (args.actor_num_gpus_per_node, args.sglang_mem_fraction_static) == (8, 0.5)
+    # LoRA pushing the adapters alone, colocated: the engines keep their base weights through training
+    env |= {"LORA_RANK": "32", "LORA_SYNC_FROM_TENSOR": "1"}
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True).stdout
+    args = parse_args(out.splitlines()[2:])
+    assert args.colocate and model_source(args).lora.served_adapter == "policy"
 
 
 def test_the_3b_run_scripts_search_r1_recipe_is_search_r1s_step(capsys):

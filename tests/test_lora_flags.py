@@ -91,17 +91,18 @@ def test_the_served_adapter_is_named_by_every_generate_of_the_engine_client():
     assert "lora_path" not in generate_payload({}, [1, 2], None, True, None)
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--rollout-num-gpus", "2", "--actor-num-gpus-per-node", "2", "--colocate"], "with --colocate"),
-        (["--engine-url", "http://e:1", "--async-mode", "fully"], "with --async-mode fully"),
-    ],
-)
-def test_adapter_sync_where_it_cannot_work_is_a_usage_error(flags, message, capsys):
+def test_adapter_sync_where_it_cannot_work_is_a_usage_error_and_colocated_engines_keep_their_base(capsys):
+    from slime_search.run.config import run_config
+
+    flags = [*BASE, "--lora-rank", "8", "--lora-sync-from-tensor"]
     with pytest.raises(SystemExit) as stopped:
-        parse_args([*BASE, "--lora-rank", "8", "--lora-sync-from-tensor", *flags])
-    assert stopped.value.code == 2 and message in capsys.readouterr().err
+        parse_args([*flags, "--engine-url", "http://e:1", "--async-mode", "fully"])
+    assert stopped.value.code == 2 and "with --async-mode fully" in capsys.readouterr().err
+    # colocated: the engines give up only their KV cache while the actor trains (ray.colocation), so the push of the
+    # adapters alone finds the base beneath them
+    colocated = parse_args([*flags, "--actor-num-gpus-per-node", "2", "--colocate"])
+    config = run_config(colocated, vocab_size=100, use_gpu=False)
+    assert config.colocate and config.weight_sync.served_adapter == "policy"
     with pytest.raises(SystemExit):
         parse_args([*BASE, "--lora-sync-from-tensor", "--engine-url", "http://e:1"])
     assert "needs --lora-rank" in capsys.readouterr().err

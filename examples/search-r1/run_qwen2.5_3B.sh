@@ -20,7 +20,8 @@
 # LORA_RANK=N trains LoRA adapters of rank N on every projection (docs/lora.md) with the base frozen, at 10x the
 # learning rate (Thinking Machines' LoRA primer, tinker-docs.thinkingmachines.ai/tinker/lora-primer: LoRA's rate is
 # about 10x full fine-tuning's, and rank 32 matches it in RL). With LORA_SYNC_FROM_TENSOR=1 each push carries the
-# adapters alone into SGLang's LoRA serving (--lora-sync-from-tensor; not with COLOCATE=1 or ASYNC_MODE=fully).
+# adapters alone into SGLang's LoRA serving (--lora-sync-from-tensor; not with ASYNC_MODE=fully; with COLOCATE=1 the
+# engines keep their base weights while the actor trains).
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 

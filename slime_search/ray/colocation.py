@@ -4,6 +4,10 @@ Rollout and eval need the engines whole (weights and KV cache) and the actor awa
 engines released; a weight push needs the actor in place and the engines' weight memory, not yet their KV cache and CUDA
 graphs. Each phase asks for its layout and only the changes are made, in an order that never holds both sides' memory at
 once: the side that leaves goes first. Without --colocate every call is a no-op.
+
+Under --lora-sync-from-tensor the engines keep their base weights through training. A push then carries the adapters
+alone, and released weights would come back without the base beneath them. SGLang releases each memory tag on its own,
+so only the KV cache and the CUDA graphs go to the trainer. The adapters' own buffers are never released by SGLang.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ class MemoryLayout:
 
 
 class Colocation:
-    def __init__(self, enabled: bool, group, manager=None):
+    def __init__(self, enabled: bool, group, manager=None, keep_engine_weights: bool = False):
         self.enabled = enabled
+        self.keep_engine_weights = keep_engine_weights  # the pushes carry adapters alone: the base must stay
         self.group = group
         self.manager = manager
         self.layout = MemoryLayout()
@@ -64,10 +69,11 @@ class Colocation:
         actor on its device."""
         if not self.enabled:
             return
-        held = self._engine_tags(held=True)
+        held = [tag for tag in self._engine_tags(held=True) if not (tag == "weights" and self.keep_engine_weights)]
         if held:
             self._engines("release_memory", held)
-            self.layout.engine_weights = self.layout.engine_kv_cache = False
+            self.layout.engine_kv_cache = False
+            self.layout.engine_weights = self.layout.engine_weights and "weights" not in held
         if not self.layout.actor_on_device:
             self.group.onload()
             self.layout.actor_on_device = True

@@ -168,7 +168,9 @@ def open_parts(config: RunConfig, args: argparse.Namespace, stack: ExitStack) ->
     logger.info("%s", group.load_models(config.model, config.actor))
     # refuses a run whose --save disk is too small; a save that later finds it full says how much one needs
     checkpoint_bytes = check_disk_budget(config, group.checkpoint_layout(), folder).per_checkpoint
-    colocation = Colocation(config.colocate, group, manager)
+    colocation = Colocation(
+        config.colocate, group, manager, keep_engine_weights=config.weight_sync.served_adapter is not None
+    )
     if config.colocate:  # the engines start on the actor's GPUs once the actor has made room
         colocation.for_generation()
         manager = colocation.manager = start_manager(config, args, group, stack)

@@ -222,6 +222,8 @@ def _resume_worker(rank: int, world: int, port: int, checkpoint: str, out_path: 
     next_step = actor.train_step(samples)
     resumed = lora_actor()
     load_actor(resumed, save_dir)
+    resumed.offload()  # a colocated run hands the memory over before its first rollout: the loaded state too
+    resumed.onload()
     again = resumed.train_step(samples)
     named = dict(resumed.model.module.named_parameters())
     outcome = {

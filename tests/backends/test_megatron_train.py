@@ -85,6 +85,8 @@ def _train_worker(rank: int, world: int, port: int, checkpoint: str, out_path: s
     fresh = build_gpt_model(shape, options)
     resumed = MegatronActor(fresh, config)
     assert load_actor(resumed, save_dir) == 2
+    resumed.offload()  # a colocated run hands the memory over before its first rollout: the loaded state too
+    resumed.onload()
     after_resume = [resumed.train_step(samples) for _ in range(2)]
     from slime_search.backends.megatron.actor import ReferenceModel
 

@@ -233,15 +233,20 @@ def test_a_lora_policy_trains_its_adapters_and_the_engine_serves_them_merged(tin
     """--lora-rank at TP 2: only the adapters train, each push carries the weights with the adapters folded in (the
     engine's log-probs equal the trainer's), and the KL reference is the same model with its adapters disabled (the
     KL grows from 0 as the adapters move). A checkpoint holds the adapters and their optimizer state only, and a run
-    resumed from it goes on with the adapters it trained. --save-hf writes the folded weights and a PEFT folder."""
-    lora = ["--lora-rank", "4", "--lora-alpha", "8", "--update-weight-transport", "nccl", "--save-hf"]
+    resumed from it goes on with the adapters it trained. It is resumed colocated, pushing the adapters alone: the
+    engine keeps its base weights while the actor trains, so step 5's rollout is sampled from base + step 4's adapters
+    (an engine that gave its weights up would get them back as zeros and refuse to generate). --save-hf writes the
+    folded weights and a PEFT folder."""
+    lora = ["--lora-rank", "4", "--lora-alpha", "8", "--save-hf"]
     resumed = {}
 
-    def one_more_step(retriever_url: str) -> None:
-        command = tp2_command(tiny_checkpoint, tmp_path, retriever_url, 4, *lora)
+    def two_more_steps(retriever_url: str) -> None:
+        colocated = ["--colocate", "--lora-sync-from-tensor"]
+        command = tp2_command(tiny_checkpoint, tmp_path, retriever_url, 5, *lora, *colocated)
         resumed["done"] = subprocess.run(command, capture_output=True, text=True, timeout=800)
 
-    records = run_three_disk_free_steps(tiny_checkpoint, tmp_path, *lora, then=one_more_step)
+    merged_pushes = ["--update-weight-transport", "nccl"]
+    records = run_three_disk_free_steps(tiny_checkpoint, tmp_path, *lora, *merged_pushes, then=two_more_steps)
     train = [r for r in records if "train/loss" in r]
     assert train[0]["train/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the adapters start at zero: policy = base
     from torch.distributed.checkpoint import FileSystemReader
@@ -258,10 +263,12 @@ def test_a_lora_policy_trains_its_adapters_and_the_engine_serves_them_merged(tin
     done = resumed["done"]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     again = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    fourth = [r for r in again if "train/loss" in r][3:]  # the resumed run's one step
-    assert [r["weight_version"] for r in fourth] == [4] and fourth[0]["train/train_rollout_logprob_abs_diff"] < 1e-3
+    resumed_steps = [r for r in again if "train/loss" in r][3:]  # the resumed run's two steps
+    assert [r["weight_version"] for r in resumed_steps] == [4, 5]
+    assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-3 for r in resumed_steps), resumed_steps
+    assert all(r["memory/actor_offloaded_gib"] > 0 for r in resumed_steps)  # the hand-over ran
     # resumed with the trained adapters, the policy is still away from the base (reset adapters would give KL 0)
-    assert fourth[0]["train/kl_loss"] > 0.3 * train[2]["train/kl_loss"] > 0
+    assert resumed_steps[0]["train/kl_loss"] > 0.3 * train[2]["train/kl_loss"] > 0
 
     # --save-hf: the folded weights, and the adapters as a PEFT folder that loads onto the base model to the same model
     from peft import PeftModel

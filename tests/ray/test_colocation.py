@@ -46,8 +46,8 @@ class Group:
 class RecordingColocation(Colocation):
     """Engine calls go to the device model instead of the RolloutManager actor."""
 
-    def __init__(self, enabled: bool, device: Device):
-        super().__init__(enabled, Group(device))
+    def __init__(self, enabled: bool, device: Device, keep_engine_weights: bool = False):
+        super().__init__(enabled, Group(device), keep_engine_weights=keep_engine_weights)
         self.device = device
 
     def _engines(self, method: str, tags: list[str]) -> None:
@@ -58,9 +58,9 @@ class RecordingColocation(Colocation):
                 self.device.take(tag, ENGINE[tag])
 
 
-def colocation() -> tuple[RecordingColocation, Device]:
+def colocation(keep_engine_weights: bool = False) -> tuple[RecordingColocation, Device]:
     device = Device()
-    col = RecordingColocation(True, device)
+    col = RecordingColocation(True, device, keep_engine_weights)
     col.for_generation()  # the actor makes room before the engines start
     device.capacity = DEVICE
     return col, device
@@ -96,6 +96,18 @@ def test_each_hand_over_releases_before_it_takes():
     device.log.clear()
     col.for_weight_push()  # straight from generation (a resume): engines out, actor in, weights back
     assert device.log == ["-weights", "-kv_cache", "-cuda_graph", "+actor", "+weights"]
+
+
+def test_engines_pushed_adapters_alone_keep_their_base_weights_through_training():
+    """--lora-sync-from-tensor: a push carries no base, so the engines give up only their KV cache and CUDA graphs."""
+    col, device = colocation(keep_engine_weights=True)
+    device.log.clear()
+    for phase in ("training", "push", "generation", "training", "push", "generation"):
+        getattr(col, f"for_{'weight_push' if phase == 'push' else phase}")()
+        assert "weights" in device.held, phase
+    assert device.log == ["-kv_cache", "-cuda_graph", "+actor", "-actor", "+kv_cache", "+cuda_graph"] * 2
+    col.for_training()
+    assert set(device.held) == {"actor", "weights"}  # what the device must hold while the actor trains
 
 
 def test_repeating_a_phase_changes_nothing():

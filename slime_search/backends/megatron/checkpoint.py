@@ -392,7 +392,7 @@ def _load_optimizer(optimizer, folder: Path) -> None:
     tp = parallel_state.get_tensor_model_parallel_world_size()
     path = folder / optimizer_file(parallel_state.get_tensor_model_parallel_rank())
     if path.is_file():
-        saved = torch.load(path, weights_only=False, map_location=_this_device())
+        saved = _own_storage(torch.load(path, weights_only=False, map_location=_this_device()))
         if saved["tensor_parallel_size"] != tp:
             raise ValueError(
                 f"the optimizer state in {folder} is of tensor-parallel size {saved['tensor_parallel_size']}: resume "
@@ -408,7 +408,22 @@ def _load_optimizer(optimizer, folder: Path) -> None:
             f"no optimizer state {path.name} in {folder} (it holds {slices} tensor-parallel slices): resume with the "
             f"--tensor-model-parallel-size it was saved with"
         )
-    optimizer.load_state_dict(torch.load(legacy, weights_only=False, map_location=_this_device()))
+    optimizer.load_state_dict(_own_storage(torch.load(legacy, weights_only=False, map_location=_this_device())))
+
+
+def _own_storage(value):
+    """`value` with each CPU tensor copied into a storage of its own. torch.load's CPU tensors share the file's buffer,
+    which cannot be resized. The colocated hand-over (offload.py) frees every storage the optimizer holds by resizing
+    it to zero bytes."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.clone() if value.device.type == "cpu" else value
+    if isinstance(value, dict):
+        return {key: _own_storage(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_own_storage(item) for item in value)
+    return value
 
 
 def load_actor(actor, root: str | Path, iteration: int | None = None, load_optimizer: bool = True) -> int:
